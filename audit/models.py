@@ -1,0 +1,46 @@
+from django.db import models
+
+
+class AuditEvent(models.Model):
+    """One thing that happened, append-only.
+
+    The references are plain values, not foreign keys: deleting a group or a rep must never
+    touch (and could never update) the trail. PostgreSQL rejects UPDATE and DELETE on this
+    table (see the migration's trigger).
+    """
+
+    class Type(models.TextChoices):
+        LEAD_RECEIVED = "lead.received"
+        LEAD_ASSIGNED = "lead.assigned"
+        LEAD_QUEUED = "lead.queued"
+        LEAD_DUPLICATE = "lead.duplicate"
+        LEAD_ACCEPTED = "lead.accepted"
+        LEAD_ESCALATED = "lead.escalated"
+        LEAD_REASSIGNED = "lead.reassigned"
+        LEAD_REROUTED = "lead.rerouted"
+        LEAD_CLOSED = "lead.closed"
+        LEAD_CHANGED = "lead.changed"
+        GROUP_CHANGED = "group.changed"
+        MEMBERSHIP_CHANGED = "membership.changed"
+        RULE_CHANGED = "rule.changed"
+        REP_CHANGED = "rep.changed"
+        ABSENCE_CHANGED = "absence.changed"
+        ACCOUNT_CHANGED = "account.changed"
+        CLIENT_CHANGED = "client.changed"
+
+    id = models.BigAutoField(primary_key=True)
+    type = models.CharField(max_length=40, choices=Type.choices)
+    at = models.DateTimeField(db_index=True)
+    actor = models.CharField(max_length=200)
+    lead_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    group = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    rep_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    explanation = models.JSONField(default=dict)
+    request_id = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["lead_id", "id"], name="audit_lead_id_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.id}"

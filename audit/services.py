@@ -1,0 +1,56 @@
+"""The one way to write the audit trail."""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.utils import timezone
+
+from routing_project.logging import request_id_var
+
+from .models import AuditEvent
+
+
+@dataclass
+class Event:
+    type: str
+    actor: str
+    lead_id: int | None = None
+    group: str = ""
+    rep_id: int | None = None
+    explanation: dict[str, Any] = field(default_factory=dict)
+
+
+def audit_record(
+    *,
+    type: str,
+    actor: str,
+    lead_id: int | None = None,
+    group: str = "",
+    rep_id: int | None = None,
+    explanation: dict[str, Any] | None = None,
+    request_id: str | None = None,
+) -> AuditEvent:
+    return audit_record_many(
+        events=[Event(type, actor, lead_id, group, rep_id, explanation or {})], request_id=request_id
+    )[0]
+
+
+def audit_record_many(*, events: Iterable[Event], request_id: str | None = None) -> list[AuditEvent]:
+    """Writes several events in one INSERT (inside the caller's transaction)."""
+    now = timezone.now()
+    rid = request_id if request_id is not None else request_id_var.get()
+    rows = [
+        AuditEvent(
+            type=e.type,
+            at=now,
+            actor=e.actor[:200],
+            lead_id=e.lead_id,
+            group=e.group or "",
+            rep_id=e.rep_id,
+            explanation=e.explanation,
+            request_id="" if rid == "-" else rid,
+        )
+        for e in events
+    ]
+    return AuditEvent.objects.bulk_create(rows)

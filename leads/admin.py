@@ -1,0 +1,80 @@
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from .models import ApiClient, Assignment, Lead, LeadStatus, QueuedLead
+
+
+class AssignmentInline(admin.TabularInline):
+    model = Assignment
+    extra = 0
+    can_delete = False
+    fields = ("attempt", "rep", "reason", "started_at", "due_at", "accepted_at", "ended_at", "end_reason", "over_cap")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Lead | None = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Assignment]:
+        return super().get_queryset(request).select_related("rep")
+
+
+@admin.register(Lead)
+class LeadAdmin(admin.ModelAdmin):
+    list_display = ("id", "email", "company", "status", "group", "owner", "created_at", "sla_due_at", "escalations")
+    list_filter = ("status", "group", "owner", "source")
+    search_fields = ("email", "company", "external_id")
+    list_select_related = ("group", "owner")
+    date_hierarchy = "created_at"
+    inlines = [AssignmentInline]
+    show_full_result_count = False
+    readonly_fields = (
+        "status", "group", "owner", "queue_reason", "outcome", "escalations", "created_at", "assigned_at",
+        "accepted_at", "closed_at", "sla_due_at", "requested_group", "api_client", "raw_payload", "email_normalized",
+    )
+    fieldsets = (
+        ("Contact", {"fields": ("email", "first_name", "last_name", "company", "phone")}),
+        ("Routing facts", {"fields": ("country", "region", "source", "product", "score", "company_size",
+                                      "external_id", "attributes", "requested_group")}),
+        ("Routing", {"fields": ("status", "group", "owner", "queue_reason", "outcome", "escalations")}),
+        ("Times", {"fields": ("created_at", "assigned_at", "accepted_at", "closed_at", "sla_due_at")}),
+        ("Raw", {"classes": ("collapse",), "fields": ("raw_payload", "email_normalized", "api_client")}),
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # leads come in through intake, which routes them
+
+    def has_delete_permission(self, request: HttpRequest, obj: Lead | None = None) -> bool:
+        return False
+
+
+@admin.register(QueuedLead)
+class QueueAdmin(admin.ModelAdmin):
+    list_display = ("id", "created_at", "email", "company", "group", "queue_reason")
+    list_filter = ("group",)
+    search_fields = ("email", "company")
+    list_select_related = ("group",)
+    ordering = ("id",)
+    readonly_fields = ("email", "company", "group", "queue_reason", "created_at", "requested_group")
+    fields = readonly_fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Lead]:
+        return super().get_queryset(request).filter(status=LeadStatus.QUEUED)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Lead | None = None) -> bool:
+        return False
+
+
+@admin.register(ApiClient)
+class ApiClientAdmin(admin.ModelAdmin):
+    list_display = ("name", "token_prefix", "scopes", "active", "created_at", "last_used_at")
+    list_filter = ("active",)
+    search_fields = ("name", "token_prefix")
+    readonly_fields = ("token_prefix", "created_at", "last_used_at")
+    exclude = ("token_hash",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tokens are created with `manage.py create_api_token` (shown once)

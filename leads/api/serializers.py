@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pycountry
+from django.core.validators import ProhibitNullCharactersValidator
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from audit.models import AuditEvent
+from leads.models import Lead
+from rotation.models import Group
+from routing_project.api import RejectUnknownFieldsMixin
+
+COUNTRY_CODES = frozenset(c.alpha_2 for c in pycountry.countries)
+MAX_ATTRIBUTES = 50
+MAX_ATTRIBUTE_KEY = 64
+MAX_ATTRIBUTE_VALUE = 1000
+
+
+class StrictSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    """A serializer that rejects unknown top-level fields."""
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]},
+        "maxProperties": MAX_ATTRIBUTES,
+    }
+)
+class AttributesField(serializers.Field):
+    default_error_messages = {"invalid": "Must be a flat object of strings, numbers and booleans."}
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            self.fail("invalid")
+        if len(data) > MAX_ATTRIBUTES:
+            raise serializers.ValidationError(f"At most {MAX_ATTRIBUTES} attributes.")
+        problems = []
+        for key, value in data.items():
+            if not key or len(key) > MAX_ATTRIBUTE_KEY or "\x00" in key:
+                problems.append(f"Attribute names are 1-{MAX_ATTRIBUTE_KEY} characters, no NUL.")
+            elif isinstance(value, bool | int | float):
+                if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+                    problems.append(f"'{key}': not a finite number.")
+            elif isinstance(value, str):
+                if len(value) > MAX_ATTRIBUTE_VALUE:
+                    problems.append(f"'{key}': at most {MAX_ATTRIBUTE_VALUE} characters.")
+                elif "\x00" in value:
+                    problems.append(f"'{key}': NUL characters are not allowed.")
+            else:
+                problems.append(f"'{key}': must be a string, number or boolean.")
+        if problems:
+            raise serializers.ValidationError(problems[:10])
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class LeadInSerializer(StrictSerializer):
+    email = serializers.EmailField(max_length=254)
+    first_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    last_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    company = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    phone = serializers.CharField(max_length=40, required=False, allow_blank=True)
+    country = serializers.CharField(
+        max_length=2, required=False, allow_blank=True, help_text="ISO 3166-1 alpha-2 code."
+    )
+    region = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    source = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    product = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    score = serializers.IntegerField(min_value=0, max_value=100, required=False, allow_null=True)
+    company_size = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False, allow_null=True)
+    group = serializers.SlugField(max_length=64, required=False, help_text="Used when no rule matches.")
+    external_id = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    attributes = AttributesField(required=False)
+
+    def validate_email(self, value: str) -> str:
+        ProhibitNullCharactersValidator()(value)
+        return value.strip()
+
+    def validate_country(self, value: str) -> str:
+        code = value.strip().upper()
+        if code and code not in COUNTRY_CODES:
+            raise serializers.ValidationError(f"'{value}' is not an ISO 3166-1 alpha-2 country code.")
+        return code
+
+    def validate_group(self, value: str) -> Group:
+        group = Group.objects.filter(slug=value).first()
+        if group is None:
+            raise serializers.ValidationError(f"No group with slug '{value}'.")
+        return group
+
+
+class RepBriefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    email = serializers.EmailField()
+
+
+class LeadSerializer(serializers.ModelSerializer):
+    group = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    owner = RepBriefSerializer(read_only=True, allow_null=True)
+    queue_reason = serializers.SerializerMethodField()
+    duplicate_of = serializers.SerializerMethodField()
+    outcome = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Lead
+        fields = [
+            "id", "status", "group", "owner", "assigned_at", "sla_due_at", "queue_reason", "duplicate_of",
+            "created_at", "accepted_at", "closed_at", "outcome", "escalations",
+            "email", "first_name", "last_name", "company", "phone", "country", "region", "source",
+            "product", "score", "company_size", "external_id", "attributes",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_queue_reason(self, lead: Lead) -> str | None:
+        return lead.queue_reason or None if lead.status == "queued" else None
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_duplicate_of(self, lead: Lead) -> int | None:
+        return self.context.get("duplicate_of")
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_outcome(self, lead: Lead) -> str | None:
+        return lead.outcome or None
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    lead = serializers.IntegerField(source="lead_id", allow_null=True)
+    rep = serializers.IntegerField(source="rep_id", allow_null=True)
+    group = serializers.SerializerMethodField()
+
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "type", "at", "actor", "lead", "group", "rep", "explanation", "request_id"]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_group(self, event: AuditEvent) -> str | None:
+        return event.group or None

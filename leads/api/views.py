@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django.db.models import QuerySet
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import generics, mixins, serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit.models import AuditEvent
+from leads import selectors, services
+from leads.models import Lead, LeadStatus
+from leads.routing import RoutingBusy
+from rotation.models import Group
+from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
+
+from .auth import actor_of
+from .serializers import AuditEventSerializer, LeadInSerializer, LeadSerializer
+
+ERROR = inline_serializer("Error", fields={"detail": serializers.CharField()})
+VALIDATION_ERROR = OpenApiResponse(
+    OpenApiTypes.OBJECT, description="Validation error: `{field: [messages]}` naming every bad field."
+)
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    description="1-255 printable characters; a retry with the same key and body replays the first response.",
+)
+COMMON_ERRORS = {401: ERROR, 403: ERROR}
+
+
+def _printable_key(key: str) -> bool:
+    return 1 <= len(key) <= 255 and all(0x20 <= ord(ch) < 0x7F for ch in key)
+
+
+class LeadFilter(django_filters.FilterSet):
+    status = django_filters.ChoiceFilter(choices=LeadStatus.choices)
+    group = django_filters.CharFilter(field_name="group__slug", max_length=64)
+    owner = django_filters.NumberFilter(field_name="owner_id", min_value=1)
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+
+    class Meta:
+        model = Lead
+        fields = ["status", "group", "owner", "created_after"]
+
+
+def render_lead(lead: Lead, duplicate_of: int | None) -> bytes:
+    return JSONRenderer().render(LeadSerializer(lead, context={"duplicate_of": duplicate_of}).data)
+
+
+class LeadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = LeadSerializer
+    filterset_class = LeadFilter
+    required_scopes = {"create": "intake", "list": "read", "retrieve": "read", "events": "read"}
+
+    def get_queryset(self) -> QuerySet[Lead]:
+        return Lead.objects.select_related("group", "owner").order_by("-id")
+
+    @extend_schema(
+        request=LeadInSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            201: LeadSerializer,
+            200: OpenApiResponse(LeadSerializer, description="Idempotent replay, or a duplicate (`duplicate_of`)."),
+            400: VALIDATION_ERROR, 409: ERROR, 413: ERROR, 415: ERROR, 422: ERROR, 503: ERROR, **COMMON_ERRORS,
+        },
+    )
+    def create(self, request: Request) -> HttpResponse:
+        """Takes a lead in and routes it, in one locked transaction."""
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not _printable_key(key):
+            raise serializers.ValidationError({"Idempotency-Key": ["Must be 1-255 printable ASCII characters."]})
+        incoming = LeadInSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = dict(incoming.validated_data)
+        requested: Group | None = data.pop("group", None)
+        client = request.auth
+        claim = None
+        if key is not None:
+            try:
+                claimed = services.idempotency_claim(
+                    client=client, key=key, fingerprint=services.request_fingerprint(request.data)
+                )
+            except services.IdempotencyConflict:
+                raise Conflict("A request with this Idempotency-Key is still in flight.") from None
+            except services.IdempotencyMismatch:
+                raise Unprocessable("This Idempotency-Key was used with a different request body.") from None
+            if isinstance(claimed, services.Replay):
+                response = HttpResponse(claimed.body, status=200, content_type="application/json")
+                response["Idempotent-Replayed"] = "true"
+                return response
+            claim = claimed
+        try:
+            result = services.lead_intake(
+                data=data,
+                raw=request.data,
+                requested=requested,
+                client=client,
+                actor=actor_of(request),
+                render=render_lead,
+                idempotency=claim,
+            )
+        except RoutingBusy:
+            if claim is not None:
+                services.idempotency_release(claim)
+            raise ServiceUnavailable("The group's rotation is busy; retry shortly.", retry_after=1) from None
+        except BaseException:
+            if claim is not None:
+                services.idempotency_release(claim)
+            raise
+        response = HttpResponse(result.body, status=result.status_code, content_type="application/json")
+        response["Location"] = f"/api/v1/leads/{result.lead.id}/"
+        return response
+
+    @extend_schema(
+        parameters=[OpenApiParameter("created_after", OpenApiTypes.DATETIME)],
+        responses={200: LeadSerializer(many=True), 400: VALIDATION_ERROR, **COMMON_ERRORS},
+    )
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses={200: LeadSerializer, 404: ERROR, **COMMON_ERRORS})
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().retrieve(request, *args, **kwargs)
+
+    @extend_schema(responses={200: AuditEventSerializer(many=True), 404: ERROR, **COMMON_ERRORS}, filters=False)
+    @action(detail=True, methods=["get"], pagination_class=None, filterset_class=None)
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        """The lead's audit events, oldest first."""
+        lead = get_object_or_404(Lead.objects.only("id"), pk=pk)
+        events = AuditEvent.objects.filter(lead_id=lead.id).order_by("id")
+        return Response(AuditEventSerializer(events, many=True).data)
+
+
+class QueueView(generics.ListAPIView):
+    """The fallback queue: queued leads in arrival order, each with its reason."""
+
+    serializer_class = LeadSerializer
+    required_scope = "read"
+    filterset_class = LeadFilter
+
+    def get_queryset(self) -> QuerySet[Lead]:
+        return Lead.objects.filter(status=LeadStatus.QUEUED).select_related("group", "owner").order_by("id")
+
+    @extend_schema(responses={200: LeadSerializer(many=True), 400: VALIDATION_ERROR, **COMMON_ERRORS})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class RotationMemberSerializer(serializers.Serializer):
+    rep = inline_serializer("RotationRep", fields={"id": serializers.IntegerField(), "name": serializers.CharField(), "email": serializers.EmailField()})
+    position = serializers.IntegerField()
+    weight = serializers.IntegerField()
+    active = serializers.BooleanField()
+    eligible = serializers.BooleanField()
+    reason = serializers.CharField(allow_null=True)
+    current_weight = serializers.IntegerField(allow_null=True)
+    open = serializers.IntegerField()
+    assigned_today = serializers.IntegerField()
+    assigned_week = serializers.IntegerField()
+    share = serializers.FloatField()
+    share_week = serializers.FloatField(allow_null=True)
+
+
+class RotationViewSerializer(serializers.Serializer):
+    group = serializers.CharField()
+    strategy = serializers.CharField()
+    active = serializers.BooleanField()
+    pointer = serializers.IntegerField()
+    turns = serializers.IntegerField()
+    next = inline_serializer("RotationNext", fields={"id": serializers.IntegerField(), "name": serializers.CharField(), "email": serializers.EmailField()}, allow_null=True)
+    members = RotationMemberSerializer(many=True)
+
+
+class RotationView(APIView):
+    """The rotation, never hidden: pointer, who is next, each member's eligibility now."""
+
+    required_scope = "read"
+
+    @extend_schema(responses={200: RotationViewSerializer, 404: ERROR, **COMMON_ERRORS})
+    def get(self, request: Request, slug: str) -> Response:
+        group = get_object_or_404(Group, slug=slug)
+        return Response(selectors.rotation_view(group=group))
+
+
+

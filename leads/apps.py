@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class LeadsConfig(AppConfig):
+    name = "leads"
+    verbose_name = "Leads"

@@ -1,0 +1,218 @@
+"""The routing transaction: lock a group's rotation row, read eligibility, pick, advance.
+
+Everything here runs inside a transaction the caller opened (intake, reroute, escalation,
+queue drain). Lock order, everywhere: the email's advisory lock (intake only), then the
+group's rotation row, then lead rows by id. One order means no deadlocks between them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.conf import settings
+from django.db import DatabaseError, OperationalError, connection
+from django.db.models import Count
+
+from rotation import strategies
+from rotation.eligibility import MemberFacts, eligibility
+from rotation.models import Absence, Group, Membership, RotationState
+
+from .models import OPEN_STATUSES, Assignment, Lead
+
+logger = logging.getLogger(__name__)
+
+LOCK_NOT_AVAILABLE = "55P03"
+RETRYABLE = {"40P01", "40001"}  # deadlock detected, serialization failure
+
+
+class RoutingBusy(Exception):
+    """The rotation row stayed locked past the lock timeout."""
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+
+
+def is_lock_timeout(exc: BaseException) -> bool:
+    if not isinstance(exc, OperationalError):
+        return False
+    if connection.vendor == "sqlite":
+        return "locked" in str(exc)
+    return sqlstate(exc) == LOCK_NOT_AVAILABLE
+
+
+def is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, DatabaseError) and sqlstate(exc) in RETRYABLE
+
+
+def set_lock_timeout() -> None:
+    """Bounds how long this transaction waits for any lock (SET LOCAL: this transaction only)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{settings.ROUTING_LOCK_TIMEOUT_MS}ms"])
+
+
+def lock_email(email_normalized: str) -> None:
+    """Serializes intake of one email address, so two concurrent posts cannot both miss dedup."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [email_normalized])
+
+
+def lock_rotation(group_id: int) -> RotationState:
+    """Takes the group's rotation row lock and returns it with the group read *after* the lock.
+
+    FOR NO KEY UPDATE (not FOR UPDATE): it still serializes routing in the group, but does
+    not block inserts of leads and assignments that reference the group row.
+    """
+    qs = RotationState.objects.select_for_update(no_key=True, of=("self",)).select_related("group")
+    try:
+        return qs.get(group_id=group_id)
+    except RotationState.DoesNotExist:
+        RotationState.objects.get_or_create(group_id=group_id)
+        return qs.get(group_id=group_id)
+
+
+def day_start(now: datetime, tz: str) -> datetime:
+    local = now.astimezone(ZoneInfo(tz))
+    return local.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def week_start(now: datetime, tz: str) -> datetime:
+    start = day_start(now, tz)
+    return start - timedelta(days=start.weekday())
+
+
+def member_facts(group: Group, now: datetime, *, with_counts: bool | None = None) -> list[MemberFacts]:
+    """Reads every member's state now. Called after the rotation lock by routing."""
+    memberships = list(
+        Membership.objects.filter(group=group).select_related("rep").order_by("position", "rep_id")
+    )
+    if not memberships:
+        return []
+    rep_ids = [m.rep_id for m in memberships]
+    absences: dict[int, list[tuple[datetime, datetime]]] = {}
+    for rep_id, starts, ends in Absence.objects.filter(rep_id__in=rep_ids, ends_at__gt=now, starts_at__lte=now).values_list(
+        "rep_id", "starts_at", "ends_at"
+    ):
+        absences.setdefault(rep_id, []).append((starts, ends))
+    need_open = with_counts or group.strategy == "least_loaded" or any(m.max_open is not None for m in memberships)
+    need_today = with_counts or any(m.max_per_day is not None for m in memberships)
+    open_counts: dict[int, int] = {}
+    today_counts: dict[int, int] = {}
+    if need_open:
+        open_counts = dict(
+            Lead.objects.filter(group=group, status__in=OPEN_STATUSES, owner_id__in=rep_ids)
+            .values_list("owner_id")
+            .annotate(n=Count("id"))
+            .values_list("owner_id", "n")
+        )
+    if need_today:
+        today_counts = dict(
+            Assignment.objects.filter(group=group, started_at__gte=day_start(now, group.timezone))
+            .values_list("rep_id")
+            .annotate(n=Count("id"))
+            .values_list("rep_id", "n")
+        )
+    return [
+        MemberFacts(
+            rep_id=m.rep_id,
+            rep_name=m.rep.name,
+            rep_email=m.rep.email,
+            position=m.position,
+            weight=m.weight,
+            rep_active=m.rep.active,
+            member_active=m.active,
+            rep_timezone=m.rep.timezone,
+            working_hours=m.rep.working_hours,
+            absences=tuple(absences.get(m.rep_id, ())),
+            max_open=m.max_open,
+            max_per_day=m.max_per_day,
+            open=open_counts.get(m.rep_id, 0),
+            assigned_today=today_counts.get(m.rep_id, 0),
+            paused_reason=m.paused_reason,
+        )
+        for m in memberships
+    ]
+
+
+@dataclass
+class Decision:
+    rep_id: int | None
+    rep_name: str
+    rep_email: str
+    pointer_before: int
+    pointer_after: int
+    weights_before: dict[str, int]
+    weights_after: dict[str, int]
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+
+    def explanation(self) -> dict[str, Any]:
+        return {
+            "candidates": self.candidates,
+            "chosen": self.rep_id,
+            "pointer_before": self.pointer_before,
+            "pointer_after": self.pointer_after,
+            **(
+                {"current_weights_before": self.weights_before, "current_weights_after": self.weights_after}
+                if self.weights_before or self.weights_after
+                else {}
+            ),
+        }
+
+
+def decide(
+    *, strategy: str, pointer: int, current_weights: dict[str, int], facts: Iterable[MemberFacts],
+    now: datetime, exclude: Iterable[int] = (),
+) -> Decision:
+    """Pure: who gets the next lead, and why each other member did not."""
+    excluded = set(exclude)
+    candidates: list[strategies.Candidate] = []
+    described: list[dict[str, Any]] = []
+    by_id: dict[int, MemberFacts] = {}
+    for f in facts:
+        by_id[f.rep_id] = f
+        ok, reason = eligibility(f, now)
+        if ok and f.rep_id in excluded:
+            ok, reason = False, "already had this lead"
+        candidates.append(strategies.Candidate(f.rep_id, f.position, f.weight, ok, reason, f.open))
+        described.append({"rep": f.rep_id, "name": f.rep_name, "position": f.position, "eligible": ok, "reason": reason})
+    picked = strategies.pick(strategy, candidates, pointer, current_weights)
+    chosen = by_id.get(picked.rep_id) if picked.rep_id is not None else None
+    for d in described:
+        if d["rep"] == picked.rep_id:
+            d["reason"] = "chosen"
+        elif d["eligible"]:
+            d["reason"] = "not next in rotation" if strategy != "least_loaded" else "more open leads or later in order"
+    return Decision(
+        rep_id=picked.rep_id,
+        rep_name=chosen.rep_name if chosen else "",
+        rep_email=chosen.rep_email if chosen else "",
+        pointer_before=pointer,
+        pointer_after=picked.pointer,
+        weights_before=dict(current_weights) if strategy == "weighted" else {},
+        weights_after=picked.current_weights if strategy == "weighted" else {},
+        candidates=described,
+    )
+
+
+def advance(state: RotationState, decision: Decision) -> None:
+    """Writes the new rotation position (only when a rep was chosen)."""
+    if decision.rep_id is None:
+        return
+    state.pointer = decision.pointer_after
+    state.current_weights = decision.weights_after
+    state.turns += 1
+    state.save(update_fields=["pointer", "current_weights", "turns", "updated_at"])
+
+
+def sla_due(group: Group, now: datetime) -> datetime | None:
+    if group.sla_minutes is None:
+        return None
+    return now + timedelta(minutes=float(group.sla_minutes))

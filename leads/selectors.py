@@ -1,0 +1,70 @@
+"""Reads: the rotation view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Count
+from django.utils import timezone
+
+from rotation.eligibility import eligibility
+from rotation.models import Group, RotationState
+
+from . import routing
+from .models import Assignment
+
+
+def rotation_view(*, group: Group) -> dict[str, Any]:
+    """Pointer, who is next, and each member's eligibility right now, with counts today and
+    this week against the member's weight share. Read without the lock: a snapshot."""
+    now = timezone.now()
+    state = RotationState.objects.filter(group=group).first() or RotationState(group=group)
+    facts = routing.member_facts(group, now, with_counts=True)
+    decision = routing.decide(
+        strategy=group.strategy,
+        pointer=state.pointer,
+        current_weights=state.current_weights or {},
+        facts=facts,
+        now=now,
+    )
+    week = dict(
+        Assignment.objects.filter(group=group, started_at__gte=routing.week_start(now, group.timezone))
+        .values_list("rep_id")
+        .annotate(n=Count("id"))
+        .values_list("rep_id", "n")
+    )
+    active_weight = sum(f.weight for f in facts if f.member_active and f.rep_active) or 1
+    week_total = sum(week.values())
+    members = []
+    next_rep = None
+    for f in facts:
+        ok, reason = eligibility(f, now)
+        rep = {"id": f.rep_id, "name": f.rep_name, "email": f.rep_email}
+        if f.rep_id == decision.rep_id:
+            next_rep = rep
+        current = (state.current_weights or {}).get(str(f.rep_id))
+        members.append(
+            {
+                "rep": rep,
+                "position": f.position,
+                "weight": f.weight,
+                "active": f.member_active,
+                "eligible": ok,
+                "reason": reason or None,
+                "current_weight": current if group.strategy == "weighted" else None,
+                "open": f.open,
+                "assigned_today": f.assigned_today,
+                "assigned_week": week.get(f.rep_id, 0),
+                "share": round(f.weight / active_weight, 4) if f.member_active and f.rep_active else 0.0,
+                "share_week": round(week.get(f.rep_id, 0) / week_total, 4) if week_total else None,
+            }
+        )
+    return {
+        "group": group.slug,
+        "strategy": group.strategy,
+        "active": group.active,
+        "pointer": state.pointer,
+        "turns": state.turns,
+        "next": next_rep if group.active else None,
+        "members": members,
+    }

@@ -1,0 +1,17 @@
+import secrets
+
+from .models import ApiClient
+
+VALID_SCOPES = {s.value for s in ApiClient.Scope}
+
+
+def api_client_create(*, name: str, scopes: list[str]) -> tuple[ApiClient, str]:
+    """Creates a client and returns it with its token; only the token's hash is kept."""
+    unknown = set(scopes) - VALID_SCOPES
+    if unknown:
+        raise ValueError(f"Unknown scopes: {', '.join(sorted(unknown))} (use {', '.join(sorted(VALID_SCOPES))}).")
+    token = "lr_" + secrets.token_urlsafe(32)
+    client = ApiClient.objects.create(
+        name=name, token_hash=ApiClient.hash_token(token), token_prefix=token[:10], scopes=sorted(set(scopes))
+    )
+    return client, token

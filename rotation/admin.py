@@ -1,0 +1,152 @@
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.forms import BaseInlineFormSet
+from django.http import HttpRequest
+from django.template.loader import render_to_string
+
+from . import services
+from .models import Absence, Account, Group, Membership, Rep, RoutingRule
+
+
+def admin_actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class MembershipForm(forms.ModelForm):
+    position = forms.IntegerField(
+        required=False, min_value=0, help_text="Leave empty to append at the end of the rotation."
+    )
+
+    class Meta:
+        model = Membership
+        fields = ("rep", "position", "weight", "active", "max_open", "max_per_day")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        self.auto_position = cleaned.get("position") is None
+        if self.auto_position:
+            # A placeholder for validation; the service allocates the real one under the lock.
+            cleaned["position"] = 1_000_000_000
+        return cleaned
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    form = MembershipForm
+    extra = 0
+    fields = ("rep", "position", "weight", "active", "max_open", "max_per_day", "paused_reason")
+    readonly_fields = ("paused_reason",)
+    autocomplete_fields = ("rep",)
+    ordering = ("position",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Membership]:
+        return super().get_queryset(request).select_related("rep")
+
+
+@admin.register(Group)
+class GroupAdmin(admin.ModelAdmin):
+    list_display = ("slug", "name", "strategy", "sla_minutes", "max_attempts", "is_default", "active", "member_count")
+    list_filter = ("strategy", "active", "is_default")
+    search_fields = ("slug", "name")
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = [MembershipInline]
+    readonly_fields = ("rotation_view",)
+    fieldsets = (
+        (None, {"fields": ("slug", "name", "strategy", "active", "is_default", "timezone")}),
+        ("SLA and escalation", {"fields": ("sla_minutes", "max_attempts", "auto_pause_after_misses")}),
+        ("Intake", {"fields": ("dedup_days", "owner_match_fallback_to_rotation")}),
+        ("Rotation now", {"fields": ("rotation_view",)}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Group]:
+        return super().get_queryset(request).annotate(_members=Count("memberships"))
+
+    @admin.display(description="Members", ordering="_members")
+    def member_count(self, obj: Group) -> int:
+        return getattr(obj, "_members", 0)
+
+    @admin.display(description="Rotation")
+    def rotation_view(self, obj: Group) -> str:
+        if obj.pk is None:
+            return "Saved groups show their rotation here."
+        from leads.selectors import rotation_view
+
+        return render_to_string("admin/rotation/rotation_view.html", {"view": rotation_view(group=obj)})
+
+    def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:
+        services.group_save(group=obj, actor=admin_actor(request), changed=form.changed_data)
+
+    def delete_model(self, request: HttpRequest, obj: Group) -> None:
+        services.group_delete(group=obj, actor=admin_actor(request))
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: BaseInlineFormSet, change: bool) -> None:
+        actor = admin_actor(request)
+        if formset.model is not Membership:
+            return super().save_formset(request, form, formset, change)
+        formset.save(commit=False)
+        for obj in formset.deleted_objects:
+            services.membership_remove(membership=obj, actor=actor)
+        for member_form in formset.forms:
+            obj = member_form.instance
+            if member_form in formset.deleted_forms or not member_form.has_changed():
+                continue
+            if obj.pk is None:
+                fields = {f: getattr(obj, f) for f in ("weight", "active", "max_open", "max_per_day")}
+                position = None if getattr(member_form, "auto_position", False) else obj.position
+                services.membership_add(group=form.instance, rep=obj.rep, actor=actor, position=position, **fields)
+            else:
+                services.membership_update(membership=obj, actor=actor, changed=member_form.changed_data)
+
+
+class AbsenceInline(admin.TabularInline):
+    model = Absence
+    extra = 0
+    fields = ("starts_at", "ends_at", "reason")
+
+
+@admin.register(Rep)
+class RepAdmin(admin.ModelAdmin):
+    list_display = ("name", "email", "timezone", "active", "user")
+    list_filter = ("active",)
+    search_fields = ("name", "email")
+    list_select_related = ("user",)
+    inlines = [AbsenceInline]
+    raw_id_fields = ("user",)
+
+    def save_model(self, request: HttpRequest, obj: Rep, form: Any, change: bool) -> None:
+        services.rep_save(rep=obj, actor=admin_actor(request), changed=form.changed_data)
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: BaseInlineFormSet, change: bool) -> None:
+        actor = admin_actor(request)
+        instances = formset.save(commit=False)
+        for obj in formset.deleted_objects:
+            services.absence_remove(absence=obj, actor=actor)
+        for obj in instances:
+            services.absence_add(absence=obj, actor=actor)
+
+
+@admin.register(RoutingRule)
+class RoutingRuleAdmin(admin.ModelAdmin):
+    list_display = ("priority", "name", "group", "active")
+    list_display_links = ("name",)
+    list_filter = ("active", "group")
+    list_select_related = ("group",)
+    search_fields = ("name",)
+    ordering = ("priority", "id")
+
+    def save_model(self, request: HttpRequest, obj: RoutingRule, form: Any, change: bool) -> None:
+        services.rule_save(rule=obj, actor=admin_actor(request), changed=form.changed_data)
+
+    def delete_model(self, request: HttpRequest, obj: RoutingRule) -> None:
+        services.rule_delete(rule=obj, actor=admin_actor(request))
+
+
+@admin.register(Account)
+class AccountAdmin(admin.ModelAdmin):
+    list_display = ("domain", "name", "owner")
+    search_fields = ("domain", "name")
+    list_select_related = ("owner",)
+    autocomplete_fields = ("owner",)

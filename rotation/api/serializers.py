@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from rest_framework import serializers
+
+from routing_project.api import RejectUnknownFieldsMixin
+from rotation.eligibility import validate_working_hours
+from rotation.models import Group, Membership, Rep
+
+
+class GroupSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    sla_minutes = serializers.DecimalField(
+        max_digits=8, decimal_places=2, min_value=Decimal("0.01"), required=False, allow_null=True, coerce_to_string=False
+    )
+
+    class Meta:
+        model = Group
+        fields = [
+            "slug", "name", "strategy", "sla_minutes", "max_attempts", "timezone", "dedup_days",
+            "is_default", "active", "owner_match_fallback_to_rotation", "auto_pause_after_misses",
+        ]
+        extra_kwargs = {
+            "max_attempts": {"min_value": 1, "max_value": 100},
+            "dedup_days": {"max_value": 3650},
+            # One default group is enforced by the service (it moves the flag).
+            "is_default": {"validators": []},
+        }
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        if self.instance is not None:
+            fields["slug"].read_only = True  # the slug names the group in URLs and in the audit
+        return fields
+
+
+class RepSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    working_hours = serializers.JSONField(required=False, allow_null=True)
+
+    class Meta:
+        model = Rep
+        fields = ["id", "name", "email", "timezone", "active", "working_hours"]
+
+    def validate_working_hours(self, value: Any) -> Any:
+        try:
+            return validate_working_hours(value)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    rep = serializers.PrimaryKeyRelatedField(queryset=Rep.objects.all())
+    name = serializers.CharField(source="rep.name", read_only=True)
+    position = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
+    max_open = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
+    max_per_day = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
+
+    class Meta:
+        model = Membership
+        fields = ["rep", "name", "position", "weight", "active", "max_open", "max_per_day", "paused_reason", "joined_at"]
+        read_only_fields = ["paused_reason", "joined_at"]
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        if self.instance is not None:
+            fields["rep"].read_only = True
+        return fields
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        group: Group = self.context["group"]
+        rep = attrs.get("rep")
+        if self.instance is None and rep is not None and Membership.objects.filter(group=group, rep=rep).exists():
+            raise serializers.ValidationError({"rep": ["This rep is already a member of the group."]})
+        position = attrs.get("position")
+        if position is not None:
+            taken = Membership.objects.filter(group=group, position=position)
+            if self.instance is not None:
+                taken = taken.exclude(pk=self.instance.pk)
+            if taken.exists():
+                raise serializers.ValidationError({"position": [f"Position {position} is taken in this group."]})
+        return attrs

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RotationConfig(AppConfig):
+    name = "rotation"
+    verbose_name = "Routing configuration"

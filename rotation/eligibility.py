@@ -1,0 +1,90 @@
+"""Is a member eligible right now, and if not, why: a pure function over plain data."""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, time
+from typing import Any
+from zoneinfo import ZoneInfo
+
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+@dataclass(frozen=True)
+class MemberFacts:
+    rep_id: int
+    rep_name: str
+    rep_email: str
+    position: int
+    weight: int
+    rep_active: bool
+    member_active: bool
+    rep_timezone: str = "UTC"
+    working_hours: Mapping[str, Any] | None = None
+    absences: Sequence[tuple[datetime, datetime]] = field(default_factory=tuple)
+    max_open: int | None = None
+    max_per_day: int | None = None
+    open: int = 0
+    assigned_today: int = 0
+    paused_reason: str = ""
+
+
+def parse_hhmm(value: str) -> time:
+    hours, minutes = value.split(":")
+    h, m = int(hours), int(minutes)
+    if h == 24 and m == 0:
+        return time.max
+    return time(h, m)
+
+
+def validate_working_hours(value: Any) -> dict[str, list[list[str]]] | None:
+    """Normalises working hours or raises ValueError naming the problem."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError('Working hours must be an object like {"mon": [["09:00", "17:30"]]} or null.')
+    cleaned: dict[str, list[list[str]]] = {}
+    for day, spans in value.items():
+        if day not in DAYS:
+            raise ValueError(f"Unknown day '{day}'; use {', '.join(DAYS)}.")
+        if not isinstance(spans, list):
+            raise ValueError(f"{day}: a list of [start, end] pairs.")
+        out = []
+        for span in spans:
+            if not (isinstance(span, list | tuple) and len(span) == 2 and all(isinstance(s, str) for s in span)):
+                raise ValueError(f"{day}: each span is [\"HH:MM\", \"HH:MM\"].")
+            try:
+                start, end = parse_hhmm(span[0]), parse_hhmm(span[1])
+            except ValueError:
+                raise ValueError(f"{day}: times must be HH:MM.") from None
+            if end <= start:
+                raise ValueError(f"{day}: a span must end after it starts ({span[0]}-{span[1]}).")
+            out.append([span[0], span[1]])
+        cleaned[day] = out
+    return cleaned
+
+
+def within_working_hours(working_hours: Mapping[str, Any] | None, tz: str, now: datetime) -> bool:
+    if not working_hours:
+        return True
+    local = now.astimezone(ZoneInfo(tz))
+    spans = working_hours.get(DAYS[local.weekday()]) or []
+    clock = local.time().replace(tzinfo=None)
+    return any(parse_hhmm(s) <= clock < parse_hhmm(e) for s, e in spans)
+
+
+def eligibility(m: MemberFacts, now: datetime) -> tuple[bool, str]:
+    """(eligible, reason). The reason names the first thing that keeps the member out."""
+    if not m.rep_active:
+        return False, "rep inactive"
+    if not m.member_active:
+        return False, "paused in this group" + (f" ({m.paused_reason})" if m.paused_reason else "")
+    for starts, ends in m.absences:
+        if starts <= now < ends:
+            return False, f"out of office until {ends.isoformat()}"
+    if not within_working_hours(m.working_hours, m.rep_timezone, now):
+        return False, "outside working hours"
+    if m.max_open is not None and m.open >= m.max_open:
+        return False, f"at max_open cap ({m.open}/{m.max_open})"
+    if m.max_per_day is not None and m.assigned_today >= m.max_per_day:
+        return False, f"at max_per_day cap ({m.assigned_today}/{m.max_per_day})"
+    return True, ""

@@ -1,0 +1,208 @@
+from decimal import Decimal
+from zoneinfo import available_timezones
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+
+def validate_timezone(value: str) -> None:
+    if value not in _TIMEZONES:
+        raise ValidationError(f"'{value}' is not a known IANA time zone.")
+
+
+_TIMEZONES = frozenset(available_timezones())
+
+
+class Strategy(models.TextChoices):
+    ROUND_ROBIN = "round_robin", "Round robin"
+    WEIGHTED = "weighted", "Weighted (smooth)"
+    LEAST_LOADED = "least_loaded", "Least loaded"
+
+
+class Group(models.Model):
+    """A rotation pool: a territory, a product line or a source."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.ROUND_ROBIN)
+    sla_minutes = models.DecimalField(
+        max_digits=8,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.01"))],
+        help_text="An assigned lead must be accepted within this many minutes. Empty: no SLA.",
+    )
+    max_attempts = models.PositiveIntegerField(
+        default=3, help_text="Assignments a lead may have in this group before it goes to the queue."
+    )
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
+    dedup_days = models.PositiveIntegerField(
+        default=30, help_text="A lead whose email has an open lead within this many days is a duplicate."
+    )
+    is_default = models.BooleanField(default=False, help_text="Leads that match no rule go here.")
+    active = models.BooleanField(default=True)
+    owner_match_fallback_to_rotation = models.BooleanField(
+        default=True,
+        help_text="When an account owner is not eligible, route through the rotation "
+        "(otherwise queue the lead for the owner).",
+    )
+    auto_pause_after_misses = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Pause a rep in this group after this many consecutive SLA misses."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["is_default"], condition=Q(is_default=True), name="one_default_group"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="group_max_attempts_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Rep(models.Model):
+    name = models.CharField(max_length=200)
+    email = models.EmailField(max_length=254, unique=True)
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="rep"
+    )
+    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
+    active = models.BooleanField(default=True)
+    working_hours = models.JSONField(
+        null=True,
+        blank=True,
+        help_text='Weekly hours in the rep\'s time zone, e.g. {"mon": [["09:00", "17:30"]]}. Empty: always.',
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """A rep in a group's rotation. Position orders the rotation; removal never renumbers."""
+
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="memberships")
+    rep = models.ForeignKey(Rep, on_delete=models.CASCADE, related_name="memberships")
+    position = models.PositiveIntegerField()
+    weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    active = models.BooleanField(default=True, help_text="Unticked: paused in this group.")
+    max_open = models.PositiveIntegerField(null=True, blank=True, help_text="Cap on open leads. Empty: none.")
+    max_per_day = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Cap on assignments per day (group's time zone). Empty: none."
+    )
+    consecutive_misses = models.PositiveIntegerField(default=0, editable=False)
+    paused_reason = models.CharField(max_length=200, blank=True, default="")
+    joined_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["group", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "rep"], name="one_membership_per_rep_and_group"),
+            models.UniqueConstraint(
+                fields=["group", "position"],
+                name="unique_position_in_group",
+                deferrable=models.Deferrable.DEFERRED,
+            ),
+            models.CheckConstraint(condition=Q(weight__gte=1), name="membership_weight_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rep} in {self.group} (#{self.position})"
+
+
+class RotationState(models.Model):
+    """The one row per group that routing locks. Nothing but the routing services writes it.
+
+    `pointer` is the position the next turn starts from: round robin picks the first eligible
+    member at or after it (wrapping) and moves it just past the member chosen. For weighted
+    groups `current_weights` holds each member's smooth-WRR running weight, keyed by rep id.
+    """
+
+    group = models.OneToOneField(Group, on_delete=models.CASCADE, primary_key=True, related_name="rotation")
+    pointer = models.PositiveIntegerField(default=0)
+    current_weights = models.JSONField(default=dict, blank=True)
+    turns = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"rotation of {self.group_id}"
+
+
+class Absence(models.Model):
+    """An out-of-office window: the rep is not eligible anywhere while it lasts."""
+
+    rep = models.ForeignKey(Rep, on_delete=models.CASCADE, related_name="absences")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    reason = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["starts_at"]
+        indexes = [models.Index(fields=["rep", "ends_at"], name="absence_rep_ends_idx")]
+        constraints = [
+            models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="absence_ends_after_start"),
+        ]
+
+    def clean(self) -> None:
+        if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
+            raise ValidationError({"ends_at": "Must be after starts_at."})
+
+    def __str__(self) -> str:
+        return f"{self.rep} away {self.starts_at:%Y-%m-%d %H:%M} to {self.ends_at:%Y-%m-%d %H:%M}"
+
+
+class RoutingRule(models.Model):
+    """Conditions on a lead (all must hold) that send it to a group. Lowest priority first."""
+
+    name = models.CharField(max_length=200, unique=True)
+    priority = models.PositiveIntegerField(default=100)
+    conditions = models.JSONField(default=list)
+    group = models.ForeignKey(Group, on_delete=models.PROTECT, related_name="rules")
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["priority", "id"]
+
+    def clean(self) -> None:
+        from .rules import RuleError, validate_conditions
+
+        try:
+            self.conditions = validate_conditions(self.conditions)
+        except RuleError as exc:
+            raise ValidationError({"conditions": exc.messages}) from exc
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Account(models.Model):
+    """A customer account by email domain, owned by a rep (sticky routing)."""
+
+    domain = models.CharField(max_length=253, unique=True)
+    name = models.CharField(max_length=200, blank=True, default="")
+    owner = models.ForeignKey(Rep, on_delete=models.CASCADE, related_name="accounts")
+
+    class Meta:
+        ordering = ["domain"]
+
+    def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        self.domain = self.domain.strip().lower()
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return self.domain

@@ -1,0 +1,150 @@
+"""Routing rules: validation and evaluation, pure functions over plain data.
+
+A rule's conditions are a list of `{"field", "op", "value"}`; all must hold. Fields are the
+lead's routing fields or `attributes.<key>`. Validation is strict so that a saved rule can
+always be evaluated; evaluation never raises.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+LEAD_FIELDS = ("country", "region", "source", "product", "score", "company_size", "email_domain")
+NUMERIC_FIELDS = frozenset({"score", "company_size"})
+OPERATORS = ("equals", "in", "not_in", "contains", "gte", "lte", "exists")
+MAX_CONDITIONS = 20
+
+
+class RuleError(ValueError):
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("; ".join(messages))
+        self.messages = messages
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool) and value is not None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
+    """Returns the conditions normalised, or raises RuleError naming every problem."""
+    if not isinstance(conditions, list):
+        raise RuleError(["Conditions must be a list of {field, op, value} objects."])
+    if len(conditions) > MAX_CONDITIONS:
+        raise RuleError([f"At most {MAX_CONDITIONS} conditions."])
+    errors: list[str] = []
+    cleaned: list[dict[str, Any]] = []
+    for i, cond in enumerate(conditions):
+        where = f"Condition {i + 1}"
+        if not isinstance(cond, dict):
+            errors.append(f"{where}: must be an object.")
+            continue
+        unknown = set(cond) - {"field", "op", "value"}
+        if unknown:
+            errors.append(f"{where}: unknown keys {sorted(unknown)}.")
+        field, op = cond.get("field"), cond.get("op")
+        if not isinstance(field, str) or not (
+            field in LEAD_FIELDS or (field.startswith("attributes.") and len(field) > len("attributes."))
+        ):
+            errors.append(f"{where}: field must be one of {', '.join(LEAD_FIELDS)} or attributes.<key>.")
+            continue
+        if op not in OPERATORS:
+            errors.append(f"{where}: op must be one of {', '.join(OPERATORS)}.")
+            continue
+        value = cond.get("value")
+        if op == "exists":
+            if "value" in cond and not isinstance(value, bool):
+                errors.append(f"{where}: exists takes true or false (or no value).")
+                continue
+            value = True if value is None else value
+        elif op in ("in", "not_in"):
+            if not isinstance(value, list) or not value or not all(_is_scalar(v) for v in value):
+                errors.append(f"{where}: {op} needs a non-empty list of strings or numbers.")
+                continue
+        elif op in ("gte", "lte"):
+            if not _is_number(value):
+                errors.append(f"{where}: {op} needs a number.")
+                continue
+            if field in LEAD_FIELDS and field not in NUMERIC_FIELDS:
+                errors.append(f"{where}: {op} applies to score, company_size or attributes.")
+                continue
+        elif op == "contains":
+            if not isinstance(value, str) or not value:
+                errors.append(f"{where}: contains needs a non-empty string.")
+                continue
+        elif op == "equals" and not _is_scalar(value):
+            errors.append(f"{where}: equals needs a string, number or boolean.")
+            continue
+        cleaned.append({"field": field, "op": op, "value": value})
+    if errors:
+        raise RuleError(errors)
+    return cleaned
+
+
+def lead_facts(lead: Mapping[str, Any]) -> dict[str, Any]:
+    """The routing fields of a lead (validated payload) as a flat mapping."""
+    email = str(lead.get("email") or "")
+    facts = {f: lead.get(f) for f in LEAD_FIELDS if f != "email_domain"}
+    facts["email_domain"] = email.rsplit("@", 1)[-1].lower() if "@" in email else None
+    for key, value in (lead.get("attributes") or {}).items():
+        facts[f"attributes.{key}"] = value
+    return facts
+
+
+def _norm(value: Any) -> Any:
+    return value.casefold() if isinstance(value, str) else value
+
+
+def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
+    field, op, want = cond["field"], cond["op"], cond.get("value")
+    have = facts.get(field)
+    present = have is not None and have != ""
+    if op == "exists":
+        return present is bool(want if want is not None else True)
+    if not present:
+        return op == "not_in"
+    if op == "equals":
+        return _norm(have) == _norm(want)
+    if op == "in":
+        return _norm(have) in {_norm(v) for v in want}
+    if op == "not_in":
+        return _norm(have) not in {_norm(v) for v in want}
+    if op == "contains":
+        return isinstance(have, str) and _norm(want) in _norm(have)
+    if op in ("gte", "lte"):
+        if isinstance(have, bool):
+            return False
+        try:
+            number = float(have)
+        except (TypeError, ValueError):
+            return False
+        return number >= want if op == "gte" else number <= want
+    return False
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    id: int
+    name: str
+    priority: int
+    conditions: Sequence[Mapping[str, Any]]
+    group_slug: str
+
+
+@dataclass(frozen=True)
+class RuleMatch:
+    rule: RuleSpec | None
+    tried: list[str]
+
+
+def match_rules(rules: Iterable[RuleSpec], facts: Mapping[str, Any]) -> RuleMatch:
+    """First rule (by priority, then id) whose conditions all hold."""
+    tried: list[str] = []
+    for rule in sorted(rules, key=lambda r: (r.priority, r.id)):
+        tried.append(rule.name)
+        if all(condition_holds(c, facts) for c in rule.conditions):
+            return RuleMatch(rule, tried)
+    return RuleMatch(None, tried)

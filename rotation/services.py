@@ -1,0 +1,194 @@
+"""Configuration writes (groups, reps, memberships, absences, rules), each audited.
+
+The admin and the API both come through here, so a change made in either place leaves the
+same trace. Only `membership_add` takes the rotation lock: it allocates the new member's
+position, which must not race with routing reading the member list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+from django.db.models import Model
+
+from audit.models import AuditEvent
+from audit.services import audit_record
+
+from .models import Absence, Group, Membership, Rep, RotationState, RoutingRule
+
+
+def _values(obj: Model, fields: Iterable[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in fields:
+        value = getattr(obj, name, None)
+        if isinstance(value, Model):
+            value = value.pk
+        elif value is not None and not isinstance(value, str | int | float | bool | list | dict):
+            value = str(value)
+        out[name] = value
+    return out
+
+
+def _field_names(obj: Model) -> list[str]:
+    return [f.attname for f in obj._meta.concrete_fields if f.attname not in ("created_at", "updated_at", "joined_at")]
+
+
+# --- groups ----------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None) -> Group:
+    created = group.pk is None
+    if group.is_default:
+        # One default group: moving the flag is a change to the old default too.
+        for old in Group.objects.select_for_update().filter(is_default=True).exclude(pk=group.pk):
+            old.is_default = False
+            old.save(update_fields=["is_default", "updated_at"])
+            audit_record(
+                type=AuditEvent.Type.GROUP_CHANGED, actor=actor, group=old.slug,
+                explanation={"action": "changed", "changes": {"is_default": False}},
+            )
+    group.full_clean()
+    group.save()
+    RotationState.objects.get_or_create(group=group)
+    fields = _field_names(group) if created else list(changed or _field_names(group))
+    audit_record(
+        type=AuditEvent.Type.GROUP_CHANGED,
+        actor=actor,
+        group=group.slug,
+        explanation={"action": "created" if created else "changed", "changes": _values(group, fields)},
+    )
+    return group
+
+
+@transaction.atomic
+def group_delete(*, group: Group, actor: str) -> None:
+    slug = group.slug
+    group.delete()
+    audit_record(type=AuditEvent.Type.GROUP_CHANGED, actor=actor, group=slug, explanation={"action": "deleted"})
+
+
+# --- reps ------------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> Rep:
+    created = rep.pk is None
+    rep.full_clean()
+    rep.save()
+    fields = [f for f in (_field_names(rep) if created else list(changed or _field_names(rep))) if f != "email"]
+    audit_record(
+        type=AuditEvent.Type.REP_CHANGED,
+        actor=actor,
+        rep_id=rep.pk,
+        explanation={"action": "created" if created else "changed", "changes": _values(rep, fields)},
+    )
+    return rep
+
+
+# --- memberships -----------------------------------------------------------------------------
+
+
+def next_position(group: Group) -> int:
+    """A joiner takes the next natural position: after the last member, and never before the
+    pointer, so that it is reached in the current cycle."""
+    state = RotationState.objects.select_for_update(no_key=True).filter(group=group).first()
+    top = Membership.objects.filter(group=group).aggregate(m=Max("position"))["m"]
+    after_last = 0 if top is None else top + 1
+    return max(after_last, state.pointer if state else 0)
+
+
+@transaction.atomic
+def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None = None, **fields: Any) -> Membership:
+    RotationState.objects.get_or_create(group=group)
+    if position is None:
+        position = next_position(group)
+    membership = Membership(group=group, rep=rep, position=position, **fields)
+    membership.save()
+    audit_record(
+        type=AuditEvent.Type.MEMBERSHIP_CHANGED,
+        actor=actor,
+        group=group.slug,
+        rep_id=rep.pk,
+        explanation={"action": "joined", "changes": _values(membership, _field_names(membership))},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_update(*, membership: Membership, actor: str, changed: Iterable[str]) -> Membership:
+    changed = [c for c in changed if c not in ("group", "rep", "group_id", "rep_id")]
+    membership.save()
+    audit_record(
+        type=AuditEvent.Type.MEMBERSHIP_CHANGED,
+        actor=actor,
+        group=membership.group.slug,
+        rep_id=membership.rep_id,
+        explanation={"action": "changed", "changes": _values(membership, changed)},
+    )
+    return membership
+
+
+@transaction.atomic
+def membership_remove(*, membership: Membership, actor: str) -> None:
+    """Leaves the rotation without touching the pointer; added again, the rep is a new joiner."""
+    group_slug, rep_id, position = membership.group.slug, membership.rep_id, membership.position
+    membership.delete()
+    audit_record(
+        type=AuditEvent.Type.MEMBERSHIP_CHANGED,
+        actor=actor,
+        group=group_slug,
+        rep_id=rep_id,
+        explanation={"action": "removed", "position": position},
+    )
+
+
+# --- absences and rules ----------------------------------------------------------------------
+
+
+@transaction.atomic
+def absence_add(*, absence: Absence, actor: str) -> Absence:
+    absence.full_clean()
+    absence.save()
+    audit_record(
+        type=AuditEvent.Type.ABSENCE_CHANGED,
+        actor=actor,
+        rep_id=absence.rep_id,
+        explanation={"action": "created", "changes": _values(absence, ["id", "starts_at", "ends_at", "reason"])},
+    )
+    return absence
+
+
+@transaction.atomic
+def absence_remove(*, absence: Absence, actor: str) -> None:
+    rep_id, absence_id = absence.rep_id, absence.pk
+    absence.delete()
+    audit_record(
+        type=AuditEvent.Type.ABSENCE_CHANGED, actor=actor, rep_id=rep_id,
+        explanation={"action": "deleted", "id": absence_id},
+    )
+
+
+@transaction.atomic
+def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = None) -> RoutingRule:
+    created = rule.pk is None
+    rule.full_clean()
+    rule.save()
+    fields = _field_names(rule) if created else list(changed or _field_names(rule))
+    audit_record(
+        type=AuditEvent.Type.RULE_CHANGED,
+        actor=actor,
+        group=rule.group.slug,
+        explanation={"action": "created" if created else "changed", "rule": rule.name, "changes": _values(rule, fields)},
+    )
+    return rule
+
+
+@transaction.atomic
+def rule_delete(*, rule: RoutingRule, actor: str) -> None:
+    name, group = rule.name, rule.group.slug
+    rule.delete()
+    audit_record(type=AuditEvent.Type.RULE_CHANGED, actor=actor, group=group, explanation={"action": "deleted", "rule": name})

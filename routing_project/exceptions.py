@@ -1,0 +1,58 @@
+"""One place that turns what can go wrong in a request into a clear JSON 4xx or 503."""
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import OperationalError
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceUnavailable(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The service is busy; retry shortly."
+    default_code = "busy"
+
+    def __init__(self, detail: str | None = None, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "Conflict."
+    default_code = "conflict"
+
+
+class Unprocessable(exceptions.APIException):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_detail = "Unprocessable request."
+    default_code = "unprocessable"
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "Request body too large."
+    default_code = "too_large"
+
+
+def api_exception_handler(exc: Exception, context: dict) -> Response | None:
+    if isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge()
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        )
+    elif isinstance(exc, OperationalError):
+        # The database went away or refused (restart, failover, lock timeout outside routing):
+        # the request wrote nothing it did not commit, so the client can retry.
+        logger.warning("database unavailable: %s", type(exc).__name__)
+        exc = ServiceUnavailable("The database is unavailable; retry shortly.", retry_after=2)
+    response = exception_handler(exc, context)
+    if response is not None and isinstance(exc, ServiceUnavailable):
+        response["Retry-After"] = str(exc.retry_after)
+    return response

@@ -1,0 +1,14 @@
+"""Test settings: PostgreSQL and Redis by default, as CI runs them.
+
+Set DATABASE_URL=sqlite:// ... to run the routing and API tests on the embedded default.
+"""
+
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/leadrouter")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+
+from .base import *  # noqa: E402, F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+ROUTING_LOCK_TIMEOUT_MS = 1000

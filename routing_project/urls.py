@@ -1,0 +1,35 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from leads.api.views import LeadViewSet, QueueView, RotationView
+from rotation.api.views import GroupViewSet, MembershipViewSet, RepViewSet
+
+from . import health
+
+router = DefaultRouter(trailing_slash=True)
+router.include_root_view = False
+router.register("leads", LeadViewSet, basename="lead")
+router.register("groups", GroupViewSet, basename="group")
+router.register("reps", RepViewSet, basename="rep")
+router.register(r"groups/(?P<group_slug>[-a-zA-Z0-9_]+)/members", MembershipViewSet, basename="membership")
+
+api_v1 = [
+    path("queue/", QueueView.as_view(), name="queue"),
+    path("groups/<slug:slug>/rotation/", RotationView.as_view(), name="group-rotation"),
+    path("", include(router.urls)),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[], permission_classes=[]),
+        name="docs",
+    ),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+]
