@@ -29,13 +29,40 @@ class LeadAdmin(admin.ModelAdmin):
     inlines = [AssignmentInline]
     show_full_result_count = False
     readonly_fields = (
-        "status", "group", "owner", "queue_reason", "outcome", "escalations", "created_at", "assigned_at",
-        "accepted_at", "closed_at", "sla_due_at", "requested_group", "api_client", "raw_payload", "email_normalized",
+        "status",
+        "group",
+        "owner",
+        "queue_reason",
+        "outcome",
+        "escalations",
+        "created_at",
+        "assigned_at",
+        "accepted_at",
+        "closed_at",
+        "sla_due_at",
+        "requested_group",
+        "api_client",
+        "raw_payload",
+        "email_normalized",
     )
     fieldsets = (
         ("Contact", {"fields": ("email", "first_name", "last_name", "company", "phone")}),
-        ("Routing facts", {"fields": ("country", "region", "source", "product", "score", "company_size",
-                                      "external_id", "attributes", "requested_group")}),
+        (
+            "Routing facts",
+            {
+                "fields": (
+                    "country",
+                    "region",
+                    "source",
+                    "product",
+                    "score",
+                    "company_size",
+                    "external_id",
+                    "attributes",
+                    "requested_group",
+                )
+            },
+        ),
         ("Routing", {"fields": ("status", "group", "owner", "queue_reason", "outcome", "escalations")}),
         ("Times", {"fields": ("created_at", "assigned_at", "accepted_at", "closed_at", "sla_due_at")}),
         ("Raw", {"classes": ("collapse",), "fields": ("raw_payload", "email_normalized", "api_client")}),

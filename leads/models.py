@@ -26,15 +26,15 @@ class ApiClient(models.Model):
     class Meta:
         ordering = ["name"]
 
+    def __str__(self) -> str:
+        return self.name
+
     @staticmethod
     def hash_token(token: str) -> str:
         return hashlib.sha256(token.encode()).hexdigest()
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes
-
-    def __str__(self) -> str:
-        return self.name
 
 
 class LeadStatus(models.TextChoices):
@@ -179,3 +179,6 @@ class IdempotencyRecord(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["client", "key"], name="one_record_per_client_key")]
+
+    def __str__(self) -> str:
+        return f"{self.client_id}:{self.key[:20]}"

@@ -91,16 +91,14 @@ def week_start(now: datetime, tz: str) -> datetime:
 
 def member_facts(group: Group, now: datetime, *, with_counts: bool | None = None) -> list[MemberFacts]:
     """Reads every member's state now. Called after the rotation lock by routing."""
-    memberships = list(
-        Membership.objects.filter(group=group).select_related("rep").order_by("position", "rep_id")
-    )
+    memberships = list(Membership.objects.filter(group=group).select_related("rep").order_by("position", "rep_id"))
     if not memberships:
         return []
     rep_ids = [m.rep_id for m in memberships]
     absences: dict[int, list[tuple[datetime, datetime]]] = {}
-    for rep_id, starts, ends in Absence.objects.filter(rep_id__in=rep_ids, ends_at__gt=now, starts_at__lte=now).values_list(
-        "rep_id", "starts_at", "ends_at"
-    ):
+    for rep_id, starts, ends in Absence.objects.filter(
+        rep_id__in=rep_ids, ends_at__gt=now, starts_at__lte=now
+    ).values_list("rep_id", "starts_at", "ends_at"):
         absences.setdefault(rep_id, []).append((starts, ends))
     need_open = with_counts or group.strategy == "least_loaded" or any(m.max_open is not None for m in memberships)
     need_today = with_counts or any(m.max_per_day is not None for m in memberships)
@@ -168,8 +166,13 @@ class Decision:
 
 
 def decide(
-    *, strategy: str, pointer: int, current_weights: dict[str, int], facts: Iterable[MemberFacts],
-    now: datetime, exclude: Iterable[int] = (),
+    *,
+    strategy: str,
+    pointer: int,
+    current_weights: dict[str, int],
+    facts: Iterable[MemberFacts],
+    now: datetime,
+    exclude: Iterable[int] = (),
 ) -> Decision:
     """Pure: who gets the next lead, and why each other member did not."""
     excluded = set(exclude)
@@ -182,7 +185,9 @@ def decide(
         if ok and f.rep_id in excluded:
             ok, reason = False, "already had this lead"
         candidates.append(strategies.Candidate(f.rep_id, f.position, f.weight, ok, reason, f.open))
-        described.append({"rep": f.rep_id, "name": f.rep_name, "position": f.position, "eligible": ok, "reason": reason})
+        described.append(
+            {"rep": f.rep_id, "name": f.rep_name, "position": f.position, "eligible": ok, "reason": reason}
+        )
     picked = strategies.pick(strategy, candidates, pointer, current_weights)
     chosen = by_id.get(picked.rep_id) if picked.rep_id is not None else None
     for d in described:

@@ -316,10 +316,14 @@ def _intake_locked(
         )
         routing.advance(state, decision)
         explanation.update({"reason": Assignment.Reason.ROTATION, "attempt": 1, "sla_due_at": _iso(lead.sla_due_at)})
-        events.append(Event(AuditEvent.Type.LEAD_ASSIGNED, actor, lead.id, group.slug, decision.rep_id, explanation))
+        events.append(
+            Event(AuditEvent.Type.LEAD_ASSIGNED, actor, lead.id, state.group.slug, decision.rep_id, explanation)
+        )
     else:
         explanation["queue_reason"] = lead.queue_reason
-        events.append(Event(AuditEvent.Type.LEAD_QUEUED, actor, lead.id, group.slug if group else "", None, explanation))
+        events.append(
+            Event(AuditEvent.Type.LEAD_QUEUED, actor, lead.id, group.slug if group else "", None, explanation)
+        )
     audit_record_many(events=events)
 
     body = render(lead, None)

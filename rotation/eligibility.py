@@ -51,7 +51,7 @@ def validate_working_hours(value: Any) -> dict[str, list[list[str]]] | None:
         out = []
         for span in spans:
             if not (isinstance(span, list | tuple) and len(span) == 2 and all(isinstance(s, str) for s in span)):
-                raise ValueError(f"{day}: each span is [\"HH:MM\", \"HH:MM\"].")
+                raise ValueError(f'{day}: each span is ["HH:MM", "HH:MM"].')
             try:
                 start, end = parse_hhmm(span[0]), parse_hhmm(span[1])
             except ValueError:

@@ -156,12 +156,12 @@ class Absence(models.Model):
             models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="absence_ends_after_start"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.rep} away {self.starts_at:%Y-%m-%d %H:%M} to {self.ends_at:%Y-%m-%d %H:%M}"
+
     def clean(self) -> None:
         if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
             raise ValidationError({"ends_at": "Must be after starts_at."})
-
-    def __str__(self) -> str:
-        return f"{self.rep} away {self.starts_at:%Y-%m-%d %H:%M} to {self.ends_at:%Y-%m-%d %H:%M}"
 
 
 class RoutingRule(models.Model):
@@ -178,6 +178,9 @@ class RoutingRule(models.Model):
     class Meta:
         ordering = ["priority", "id"]
 
+    def __str__(self) -> str:
+        return self.name
+
     def clean(self) -> None:
         from .rules import RuleError, validate_conditions
 
@@ -185,9 +188,6 @@ class RoutingRule(models.Model):
             self.conditions = validate_conditions(self.conditions)
         except RuleError as exc:
             raise ValidationError({"conditions": exc.messages}) from exc
-
-    def __str__(self) -> str:
-        return self.name
 
 
 class Account(models.Model):
@@ -200,9 +200,9 @@ class Account(models.Model):
     class Meta:
         ordering = ["domain"]
 
+    def __str__(self) -> str:
+        return self.domain
+
     def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         self.domain = self.domain.strip().lower()
         super().save(*args, **kwargs)
-
-    def __str__(self) -> str:
-        return self.domain

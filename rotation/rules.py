@@ -99,7 +99,9 @@ def _norm(value: Any) -> Any:
 
 
 def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
-    field, op, want = cond["field"], cond["op"], cond.get("value")
+    field, op = cond["field"], cond["op"]
+    want: Any = cond.get("value")
+    have: Any
     have = facts.get(field)
     present = have is not None and have != ""
     if op == "exists":

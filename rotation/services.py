@@ -11,8 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max
-from django.db.models import Model
+from django.db.models import Max, Model
 
 from audit.models import AuditEvent
 from audit.services import audit_record
@@ -48,7 +47,9 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
             old.is_default = False
             old.save(update_fields=["is_default", "updated_at"])
             audit_record(
-                type=AuditEvent.Type.GROUP_CHANGED, actor=actor, group=old.slug,
+                type=AuditEvent.Type.GROUP_CHANGED,
+                actor=actor,
+                group=old.slug,
                 explanation={"action": "changed", "changes": {"is_default": False}},
             )
     group.full_clean()
@@ -167,7 +168,9 @@ def absence_remove(*, absence: Absence, actor: str) -> None:
     rep_id, absence_id = absence.rep_id, absence.pk
     absence.delete()
     audit_record(
-        type=AuditEvent.Type.ABSENCE_CHANGED, actor=actor, rep_id=rep_id,
+        type=AuditEvent.Type.ABSENCE_CHANGED,
+        actor=actor,
+        rep_id=rep_id,
         explanation={"action": "deleted", "id": absence_id},
     )
 
@@ -182,7 +185,11 @@ def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = 
         type=AuditEvent.Type.RULE_CHANGED,
         actor=actor,
         group=rule.group.slug,
-        explanation={"action": "created" if created else "changed", "rule": rule.name, "changes": _values(rule, fields)},
+        explanation={
+            "action": "created" if created else "changed",
+            "rule": rule.name,
+            "changes": _values(rule, fields),
+        },
     )
     return rule
 
@@ -191,4 +198,6 @@ def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = 
 def rule_delete(*, rule: RoutingRule, actor: str) -> None:
     name, group = rule.name, rule.group.slug
     rule.delete()
-    audit_record(type=AuditEvent.Type.RULE_CHANGED, actor=actor, group=group, explanation={"action": "deleted", "rule": name})
+    audit_record(
+        type=AuditEvent.Type.RULE_CHANGED, actor=actor, group=group, explanation={"action": "deleted", "rule": name}
+    )

@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -15,7 +15,7 @@ router.register("groups", GroupViewSet, basename="group")
 router.register("reps", RepViewSet, basename="rep")
 router.register(r"groups/(?P<group_slug>[-a-zA-Z0-9_]+)/members", MembershipViewSet, basename="membership")
 
-api_v1 = [
+api_v1: list[URLPattern | URLResolver] = [
     path("queue/", QueueView.as_view(), name="queue"),
     path("groups/<slug:slug>/rotation/", RotationView.as_view(), name="group-rotation"),
     path("", include(router.urls)),

@@ -75,7 +75,7 @@ class HasScope(BasePermission):
 def required_scope(view: Any, request: Request) -> str | None:
     scopes = getattr(view, "required_scopes", None)
     if scopes:
-        action = getattr(view, "action", None) or request.method.lower()
+        action = getattr(view, "action", None) or (request.method or "").lower()
         return scopes.get(action, scopes.get("*"))
     return getattr(view, "required_scope", None)
 

@@ -70,7 +70,7 @@ class LeadInSerializer(StrictSerializer):
         max_length=2, required=False, allow_blank=True, help_text="ISO 3166-1 alpha-2 code."
     )
     region = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    source = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    source = serializers.CharField(max_length=100, required=False, allow_blank=True)  # type: ignore[assignment]
     product = serializers.CharField(max_length=100, required=False, allow_blank=True)
     score = serializers.IntegerField(min_value=0, max_value=100, required=False, allow_null=True)
     company_size = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False, allow_null=True)
@@ -102,7 +102,9 @@ class RepBriefSerializer(serializers.Serializer):
 
 
 class LeadSerializer(serializers.ModelSerializer):
-    group = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
+    group: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True, allow_null=True
+    )
     owner = RepBriefSerializer(read_only=True, allow_null=True)
     queue_reason = serializers.SerializerMethodField()
     duplicate_of = serializers.SerializerMethodField()
@@ -111,10 +113,32 @@ class LeadSerializer(serializers.ModelSerializer):
     class Meta:
         model = Lead
         fields = [
-            "id", "status", "group", "owner", "assigned_at", "sla_due_at", "queue_reason", "duplicate_of",
-            "created_at", "accepted_at", "closed_at", "outcome", "escalations",
-            "email", "first_name", "last_name", "company", "phone", "country", "region", "source",
-            "product", "score", "company_size", "external_id", "attributes",
+            "id",
+            "status",
+            "group",
+            "owner",
+            "assigned_at",
+            "sla_due_at",
+            "queue_reason",
+            "duplicate_of",
+            "created_at",
+            "accepted_at",
+            "closed_at",
+            "outcome",
+            "escalations",
+            "email",
+            "first_name",
+            "last_name",
+            "company",
+            "phone",
+            "country",
+            "region",
+            "source",
+            "product",
+            "score",
+            "company_size",
+            "external_id",
+            "attributes",
         ]
         read_only_fields = fields
 

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from audit.models import AuditEvent
 from leads import selectors, services
-from leads.models import Lead, LeadStatus
+from leads.models import ApiClient, Lead, LeadStatus
 from leads.routing import RoutingBusy
 from rotation.models import Group
 from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
@@ -30,7 +30,10 @@ VALIDATION_ERROR = OpenApiResponse(
     OpenApiTypes.OBJECT, description="Validation error: `{field: [messages]}` naming every bad field."
 )
 IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
     description="1-255 printable characters; a retry with the same key and body replays the first response.",
 )
 COMMON_ERRORS = {401: ERROR, 403: ERROR}
@@ -69,7 +72,13 @@ class LeadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         responses={
             201: LeadSerializer,
             200: OpenApiResponse(LeadSerializer, description="Idempotent replay, or a duplicate (`duplicate_of`)."),
-            400: VALIDATION_ERROR, 409: ERROR, 413: ERROR, 415: ERROR, 422: ERROR, 503: ERROR, **COMMON_ERRORS,
+            400: VALIDATION_ERROR,
+            409: ERROR,
+            413: ERROR,
+            415: ERROR,
+            422: ERROR,
+            503: ERROR,
+            **COMMON_ERRORS,
         },
     )
     def create(self, request: Request) -> HttpResponse:
@@ -82,6 +91,7 @@ class LeadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         data = dict(incoming.validated_data)
         requested: Group | None = data.pop("group", None)
         client = request.auth
+        assert isinstance(client, ApiClient)  # HasScope let the request through
         claim = None
         if key is not None:
             try:
@@ -155,7 +165,10 @@ class QueueView(generics.ListAPIView):
 
 
 class RotationMemberSerializer(serializers.Serializer):
-    rep = inline_serializer("RotationRep", fields={"id": serializers.IntegerField(), "name": serializers.CharField(), "email": serializers.EmailField()})
+    rep = inline_serializer(
+        "RotationRep",
+        fields={"id": serializers.IntegerField(), "name": serializers.CharField(), "email": serializers.EmailField()},
+    )
     position = serializers.IntegerField()
     weight = serializers.IntegerField()
     active = serializers.BooleanField()
@@ -175,7 +188,11 @@ class RotationViewSerializer(serializers.Serializer):
     active = serializers.BooleanField()
     pointer = serializers.IntegerField()
     turns = serializers.IntegerField()
-    next = inline_serializer("RotationNext", fields={"id": serializers.IntegerField(), "name": serializers.CharField(), "email": serializers.EmailField()}, allow_null=True)
+    next = inline_serializer(
+        "RotationNext",
+        fields={"id": serializers.IntegerField(), "name": serializers.CharField(), "email": serializers.EmailField()},
+        allow_null=True,
+    )
     members = RotationMemberSerializer(many=True)
 
 
@@ -188,6 +205,3 @@ class RotationView(APIView):
     def get(self, request: Request, slug: str) -> Response:
         group = get_object_or_404(Group, slug=slug)
         return Response(selectors.rotation_view(group=group))
-
-
-

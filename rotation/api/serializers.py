@@ -5,21 +5,35 @@ from typing import Any
 
 from rest_framework import serializers
 
-from routing_project.api import RejectUnknownFieldsMixin
 from rotation.eligibility import validate_working_hours
 from rotation.models import Group, Membership, Rep
+from routing_project.api import RejectUnknownFieldsMixin
 
 
 class GroupSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     sla_minutes = serializers.DecimalField(
-        max_digits=8, decimal_places=2, min_value=Decimal("0.01"), required=False, allow_null=True, coerce_to_string=False
+        max_digits=8,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        required=False,
+        allow_null=True,
+        coerce_to_string=False,
     )
 
     class Meta:
         model = Group
         fields = [
-            "slug", "name", "strategy", "sla_minutes", "max_attempts", "timezone", "dedup_days",
-            "is_default", "active", "owner_match_fallback_to_rotation", "auto_pause_after_misses",
+            "slug",
+            "name",
+            "strategy",
+            "sla_minutes",
+            "max_attempts",
+            "timezone",
+            "dedup_days",
+            "is_default",
+            "active",
+            "owner_match_fallback_to_rotation",
+            "auto_pause_after_misses",
         ]
         extra_kwargs = {
             "max_attempts": {"min_value": 1, "max_value": 100},
@@ -59,7 +73,17 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
 
     class Meta:
         model = Membership
-        fields = ["rep", "name", "position", "weight", "active", "max_open", "max_per_day", "paused_reason", "joined_at"]
+        fields = [
+            "rep",
+            "name",
+            "position",
+            "weight",
+            "active",
+            "max_open",
+            "max_per_day",
+            "paused_reason",
+            "joined_at",
+        ]
         read_only_fields = ["paused_reason", "joined_at"]
 
     def get_fields(self) -> dict[str, Any]:

@@ -43,10 +43,13 @@ class GroupViewSet(viewsets.ModelViewSet):
     queryset = Group.objects.order_by("slug")
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
-        serializer.instance = services.group_save(group=Group(**serializer.validated_data), actor=actor_of(self.request))
+        serializer.instance = services.group_save(
+            group=Group(**serializer.validated_data), actor=actor_of(self.request)
+        )
 
     def perform_update(self, serializer: serializers.BaseSerializer) -> None:
         group = serializer.instance
+        assert isinstance(group, Group)
         for name, value in serializer.validated_data.items():
             setattr(group, name, value)
         services.group_save(group=group, actor=actor_of(self.request), changed=_changed(serializer))
@@ -66,7 +69,10 @@ class GroupViewSet(viewsets.ModelViewSet):
     update=extend_schema(responses={200: RepSerializer, **ERRORS}),
 )
 class RepViewSet(
-    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin,
+    mixins.CreateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
     serializer_class = RepSerializer
@@ -78,6 +84,7 @@ class RepViewSet(
 
     def perform_update(self, serializer: serializers.BaseSerializer) -> None:
         rep = serializer.instance
+        assert isinstance(rep, Rep)
         for name, value in serializer.validated_data.items():
             setattr(rep, name, value)
         services.rep_save(rep=rep, actor=actor_of(self.request), changed=_changed(serializer))
@@ -91,7 +98,10 @@ class RepViewSet(
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
 class MembershipViewSet(
-    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.UpdateModelMixin, mixins.DestroyModelMixin,
+    mixins.CreateModelMixin,
+    mixins.ListModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
     """A group's members, addressed by rep id."""
@@ -128,6 +138,7 @@ class MembershipViewSet(
 
     def perform_update(self, serializer: serializers.BaseSerializer) -> None:
         membership = serializer.instance
+        assert isinstance(membership, Membership)
         for name, value in serializer.validated_data.items():
             setattr(membership, name, value)
         services.membership_update(membership=membership, actor=actor_of(self.request), changed=_changed(serializer))

@@ -12,3 +12,5 @@ from .base import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ROUTING_LOCK_TIMEOUT_MS = 1000
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = True

@@ -26,11 +26,19 @@ REPS = [
     ("Barbara Liskov", "barbara@example.com", "America/New_York", ["north-america", "smb"]),
 ]
 RULES = [
-    ("Enterprise in North America", 10, [{"field": "country", "op": "in", "value": ["US", "CA"]},
-                                         {"field": "company_size", "op": "gte", "value": 500}], "north-america"),
+    (
+        "Enterprise in North America",
+        10,
+        [{"field": "country", "op": "in", "value": ["US", "CA"]}, {"field": "company_size", "op": "gte", "value": 500}],
+        "north-america",
+    ),
     ("Small companies", 20, [{"field": "company_size", "op": "lte", "value": 50}], "smb"),
-    ("Europe, Middle East, Africa", 30, [{"field": "country", "op": "in",
-                                          "value": ["GB", "FR", "DE", "NL", "BE", "ES", "IT", "AE", "ZA"]}], "emea"),
+    (
+        "Europe, Middle East, Africa",
+        30,
+        [{"field": "country", "op": "in", "value": ["GB", "FR", "DE", "NL", "BE", "ES", "IT", "AE", "ZA"]}],
+        "emea",
+    ),
 ]
 
 
@@ -46,8 +54,14 @@ class Command(BaseCommand):
             for slug, name, strategy, is_default in GROUPS:
                 if not Group.objects.filter(slug=slug).exists():
                     services.group_save(
-                        group=Group(slug=slug, name=name, strategy=strategy, is_default=is_default,
-                                    sla_minutes=Decimal("30"), max_attempts=3),
+                        group=Group(
+                            slug=slug,
+                            name=name,
+                            strategy=strategy,
+                            is_default=is_default,
+                            sla_minutes=Decimal("30"),
+                            max_attempts=3,
+                        ),
                         actor=ACTOR,
                     )
             for name, email, tz, groups in REPS:
@@ -62,8 +76,9 @@ class Command(BaseCommand):
             for name, priority, conditions, slug in RULES:
                 if not RoutingRule.objects.filter(name=name).exists():
                     services.rule_save(
-                        rule=RoutingRule(name=name, priority=priority, conditions=conditions,
-                                         group=Group.objects.get(slug=slug)),
+                        rule=RoutingRule(
+                            name=name, priority=priority, conditions=conditions, group=Group.objects.get(slug=slug)
+                        ),
                         actor=ACTOR,
                     )
 
@@ -87,5 +102,5 @@ class Command(BaseCommand):
         self.stdout.write(
             f"  curl -sS -X POST {base_url}/api/v1/leads/ -H 'Authorization: Bearer {token}' "
             "-H 'Content-Type: application/json' "
-            "-d '{\"email\": \"jane@acme.example\", \"first_name\": \"Jane\", \"company\": \"Acme\", \"country\": \"FR\"}'"
+            '-d \'{"email": "jane@acme.example", "first_name": "Jane", "company": "Acme", "country": "FR"}\''
         )

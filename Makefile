@@ -1,0 +1,55 @@
+# The README's two commands: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export VENV
+
+.PHONY: run test install install-dev lint types test-pg test-embedded compose-check bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: requirements.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+## Runs the product: web, worker, beat, demo data; prints an admin login, a token and a curl.
+run: install
+	scripts/run.sh
+
+## The whole suite: lint, types, tests on PostgreSQL and Redis, then the routing and API
+## tests again on the embedded default (SQLite).
+test: install-dev
+	scripts/services.sh
+	$(MAKE) lint types test-pg test-embedded
+
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+types:
+	$(BIN)/mypy .
+
+test-pg:
+	scripts/pytest.sh -p xdist -n 2 --dist loadgroup
+
+test-embedded:
+	DATABASE_URL=sqlite:///$(CURDIR)/var/test-embedded.sqlite3 scripts/pytest.sh -m "not postgres" tests/leads tests/rotation
+
+compose-check:
+	docker-compose -f docker-compose.yml config -q
+
+bench: install-dev
+	scripts/services.sh
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) var staticfiles

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the whole product on this machine: migrations, demo data, web, Celery worker and beat.
+# With no DATABASE_URL / REDIS_URL it runs on the embedded default (SQLite, filesystem broker).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-8000}
+export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-routing_project.settings.local}
+mkdir -p var/log
+
+"$VENV/bin/python" manage.py migrate --noinput -v 0
+"$VENV/bin/python" manage.py seed_demo --base-url "http://$HOST:$PORT" ${ADMIN_PASSWORD:+--admin-password "$ADMIN_PASSWORD"}
+
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+
+"$VENV/bin/celery" -A routing_project worker --loglevel INFO --concurrency 2 >var/log/worker.log 2>&1 &
+pids+=($!)
+"$VENV/bin/celery" -A routing_project beat --loglevel INFO --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
+pids+=($!)
+echo "Worker and beat started (logs in var/log/). Web on http://$HOST:$PORT/ (Ctrl-C stops everything)."
+"$VENV/bin/gunicorn" routing_project.wsgi:application --config gunicorn.conf.py --bind "$HOST:$PORT" &
+pids+=($!)
+wait -n "${pids[@]}"

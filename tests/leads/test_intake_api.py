@@ -1,0 +1,364 @@
+"""The POST /api/v1/leads/ contract of SPEC 6, response by response."""
+
+import json
+
+import pytest
+
+from audit.models import AuditEvent
+from leads.models import Assignment, IdempotencyRecord, Lead
+from rotation.models import RotationState
+from tests.conftest import lead_body
+
+pytestmark = pytest.mark.django_db
+
+
+def counts() -> tuple[int, int, int]:
+    return Lead.objects.count(), Assignment.objects.count(), AuditEvent.objects.filter(lead_id__isnull=False).count()
+
+
+def test_created_lead_is_routed_and_described(api, make_group):
+    group, reps = make_group(3, slug="emea")
+    r = api.post("/api/v1/leads/", lead_body(group="emea", first_name="Jane", country="fr"), format="json")
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["status"] == "assigned"
+    assert body["group"] == "emea"
+    assert body["owner"] == {"id": reps[0].id, "name": reps[0].name, "email": reps[0].email}
+    assert body["assigned_at"] and body["queue_reason"] is None and body["duplicate_of"] is None
+    assert body["sla_due_at"] is None  # the group has no SLA
+    assert body["country"] == "FR"
+    assert r["Location"] == f"/api/v1/leads/{body['id']}/"
+    for key in ("id", "created_at", "accepted_at", "escalations", "email", "first_name", "company", "phone"):
+        assert key in body
+
+
+def test_sla_due_time_is_set_from_the_group(api, make_group):
+    make_group(1, slug="fast", sla_minutes="0.5")
+    body = api.post("/api/v1/leads/", lead_body(group="fast"), format="json").json()
+    assert body["sla_due_at"] is not None
+    lead = Lead.objects.get(pk=body["id"])
+    assert (lead.sla_due_at - lead.assigned_at).total_seconds() == pytest.approx(30)
+    assert Assignment.objects.get(lead=lead).due_at == lead.sla_due_at
+
+
+def test_rotation_runs_in_order_and_explains_itself(api, make_group):
+    group, reps = make_group(3, slug="emea")
+    owners = [
+        api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["owner"]["id"] for _ in range(7)
+    ]
+    ids = [r.id for r in reps]
+    assert owners == ids + ids + ids[:1]
+    lead_id = Lead.objects.order_by("id").first().id
+    events = api.get(f"/api/v1/leads/{lead_id}/events/").json()
+    assert [e["type"] for e in events] == ["lead.received", "lead.assigned"]
+    assigned = events[1]
+    assert assigned["rep"] == ids[0] and assigned["lead"] == lead_id and assigned["group"] == "emea"
+    assert assigned["actor"].startswith("api:") and assigned["request_id"]
+    ex = assigned["explanation"]
+    assert ex["strategy"] == "round_robin" and ex["pointer_before"] == 0 and ex["pointer_after"] == 1
+    assert ex["group_source"] == "requested" and ex["rule"] is None
+    assert [c["rep"] for c in ex["candidates"]] == ids
+    assert ex["candidates"][0]["reason"] == "chosen"
+
+
+def test_no_eligible_rep_queues_with_reason(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    group.memberships.update(active=False)
+    r = api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    assert r.status_code == 201
+    body = r.json()
+    assert body["status"] == "queued" and body["owner"] is None and "no eligible rep" in body["queue_reason"]
+    queue = api.get("/api/v1/queue/").json()
+    assert [item["id"] for item in queue["results"]] == [body["id"]]
+    assert queue["results"][0]["queue_reason"] == body["queue_reason"]
+    types = [e["type"] for e in api.get(f"/api/v1/leads/{body['id']}/events/").json()]
+    assert types == ["lead.received", "lead.queued"]
+    explanation = AuditEvent.objects.get(type="lead.queued").explanation
+    assert all(c["reason"] == "paused in this group" for c in explanation["candidates"])
+    assert RotationState.objects.get(group=group).pointer == 0
+
+
+def test_inactive_group_queues_never_errors(api, make_group):
+    make_group(2, slug="closed", active=False)
+    r = api.post("/api/v1/leads/", lead_body(group="closed"), format="json")
+    assert r.status_code == 201 and r.json()["status"] == "queued"
+    assert "inactive" in r.json()["queue_reason"]
+
+
+def test_no_group_and_no_default_queues(api):
+    r = api.post("/api/v1/leads/", lead_body(), format="json")
+    assert r.status_code == 201
+    assert r.json()["status"] == "queued" and r.json()["group"] is None
+
+
+def test_default_group_takes_unmatched_leads(api, make_group):
+    make_group(1, slug="catch-all", is_default=True)
+    assert api.post("/api/v1/leads/", lead_body(), format="json").json()["group"] == "catch-all"
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, fields",
+    [
+        ({}, {"email"}),
+        ({"email": "not-an-email"}, {"email"}),
+        ({"email": "a@b.example", "surprise": 1}, {"surprise"}),
+        ({"email": "a@b.example", "score": 101}, {"score"}),
+        ({"email": "a@b.example", "score": -1}, {"score"}),
+        ({"email": "a@b.example", "score": "high"}, {"score"}),
+        ({"email": "a@b.example", "score": 5.5}, {"score"}),
+        ({"email": "a@b.example", "company_size": True}, {"company_size"}),
+        ({"email": "a@b.example", "country": "XX"}, {"country"}),
+        ({"email": "a@b.example", "country": "FRA"}, {"country"}),
+        ({"email": "a@b.example", "first_name": "Ja\x00ne"}, {"first_name"}),
+        ({"email": "a@b.example", "company": "x" * 201}, {"company"}),
+        ({"email": "a@b.example", "attributes": {"nested": {"a": 1}}}, {"attributes"}),
+        ({"email": "a@b.example", "attributes": ["a"]}, {"attributes"}),
+        ({"email": "a@b.example", "attributes": {"k": None}}, {"attributes"}),
+        ({"email": "a@b.example", "group": "no-such-group"}, {"group"}),
+        ({"email": "a@b.example", "first_name": 12}, set()),  # numbers are accepted as text
+        (
+            {"email": "bad", "score": 500, "country": "ZZ", "extra": 1, "phone": "1" * 41},
+            {"email", "score", "country", "extra", "phone"},
+        ),
+    ],
+)
+def test_bad_input_is_a_400_naming_every_bad_field(api, body, fields):
+    before = counts()
+    r = api.post("/api/v1/leads/", body, format="json")
+    if not fields:
+        assert r.status_code == 201
+        return
+    assert r.status_code == 400, r.content
+    assert set(r.json()) == fields
+    assert all(isinstance(v, list) and v for v in r.json().values())
+    assert counts() == before
+
+
+@pytest.mark.parametrize("payload", [b"[]", b"42", b'"text"', b"null", b"{bad json", b"\xff\xfe"])
+def test_malformed_json_is_a_400(api, payload):
+    r = api.post("/api/v1/leads/", payload, content_type="application/json")
+    assert r.status_code == 400
+    assert Lead.objects.count() == 0
+
+
+def test_not_json_is_a_415(api):
+    r = api.post("/api/v1/leads/", "email=a@b.example", content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 415
+    r = api.post("/api/v1/leads/", "hello", content_type="text/plain")
+    assert r.status_code == 415
+
+
+def test_body_over_64_kib_is_a_413(api):
+    body = json.dumps({"email": "a@b.example", "company": "x" * (65 * 1024)})
+    r = api.post("/api/v1/leads/", body, content_type="application/json")
+    assert r.status_code == 413
+    assert Lead.objects.count() == 0
+
+
+def test_authentication_and_scopes(api_with, db):
+    from rest_framework.test import APIClient
+
+    anonymous = APIClient()
+    assert anonymous.post("/api/v1/leads/", lead_body(), format="json").status_code == 401
+    assert anonymous.get("/api/v1/leads/").status_code == 401
+    assert "Bearer" in anonymous.get("/api/v1/leads/")["WWW-Authenticate"]
+    wrong = APIClient()
+    wrong.credentials(HTTP_AUTHORIZATION="Bearer not-a-token")
+    assert wrong.post("/api/v1/leads/", lead_body(), format="json").status_code == 401
+    basic = APIClient()
+    basic.credentials(HTTP_AUTHORIZATION="Basic YTpi")
+    assert basic.get("/api/v1/leads/").status_code == 401
+    reader = api_with(["read"])
+    assert reader.post("/api/v1/leads/", lead_body(), format="json").status_code == 403
+    assert reader.get("/api/v1/leads/").status_code == 200
+    assert reader.get("/api/v1/groups/").status_code == 403
+    intake = api_with(["intake"])
+    assert intake.get("/api/v1/leads/").status_code == 403
+    assert intake.get("/api/v1/queue/").status_code == 403
+    assert intake.post("/api/v1/leads/", lead_body(), format="json").status_code == 201
+
+
+def test_revoked_token_is_refused(db):
+    from rest_framework.test import APIClient
+
+    from leads.models import ApiClient
+    from tests.factories import api_client_with
+
+    client, token = api_client_with(["read"])
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert api.get("/api/v1/leads/").status_code == 200
+    ApiClient.objects.filter(pk=client.pk).update(active=False)
+    assert api.get("/api/v1/leads/").status_code == 401
+    assert client.token_hash != token and token not in str(ApiClient.objects.values_list())
+
+
+# --- idempotency ------------------------------------------------------------------------------
+
+
+def test_idempotent_replay_is_byte_for_byte_and_writes_nothing(api, make_group):
+    make_group(2, slug="emea")
+    body = lead_body(group="emea")
+    first = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "order-1"})
+    assert first.status_code == 201
+    before = counts()
+    pointer = RotationState.objects.get(group__slug="emea").pointer
+    again = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "order-1"})
+    assert again.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert counts() == before
+    assert RotationState.objects.get(group__slug="emea").pointer == pointer
+    assert "Idempotent-Replayed" not in first
+
+
+def test_same_key_different_body_is_a_422(api, make_group):
+    make_group(1, slug="emea")
+    api.post("/api/v1/leads/", lead_body(group="emea"), format="json", headers={"Idempotency-Key": "k"})
+    before = counts()
+    r = api.post("/api/v1/leads/", lead_body(group="emea"), format="json", headers={"Idempotency-Key": "k"})
+    assert r.status_code == 422
+    assert counts() == before
+
+
+def test_same_key_in_flight_is_a_409(api, make_group):
+    from leads.models import ApiClient
+    from leads.services import request_fingerprint
+
+    make_group(1, slug="emea")
+    body = lead_body(group="emea")
+    client = ApiClient.objects.get()
+    from django.utils import timezone
+
+    IdempotencyRecord.objects.create(
+        client=client, key="busy", request_hash=request_fingerprint(body), created_at=timezone.now()
+    )
+    r = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "busy"})
+    assert r.status_code == 409
+    assert Lead.objects.count() == 0
+
+
+def test_abandoned_in_flight_key_is_taken_over(api, make_group):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from leads.models import ApiClient
+    from leads.services import request_fingerprint
+
+    make_group(1, slug="emea")
+    body = lead_body(group="emea")
+    IdempotencyRecord.objects.create(
+        client=ApiClient.objects.get(),
+        key="dead",
+        request_hash=request_fingerprint(body),
+        created_at=timezone.now() - timedelta(minutes=10),
+    )
+    r = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "dead"})
+    assert r.status_code == 201
+
+
+def test_keys_are_scoped_per_client(api_with, make_group):
+    make_group(2, slug="emea")
+    one, two = api_with(["intake"]), api_with(["intake"])
+    a = one.post("/api/v1/leads/", lead_body(group="emea"), format="json", headers={"Idempotency-Key": "same"})
+    b = two.post("/api/v1/leads/", lead_body(group="emea"), format="json", headers={"Idempotency-Key": "same"})
+    assert a.status_code == b.status_code == 201
+    assert a.json()["id"] != b.json()["id"]
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "tab\there", "caf\u00e9"])
+def test_bad_idempotency_key_is_a_400(api, key):
+    r = api.post("/api/v1/leads/", lead_body(), format="json", headers={"Idempotency-Key": key})
+    assert r.status_code == 400
+    assert "Idempotency-Key" in r.json()
+
+
+def test_failed_request_releases_its_key(api, make_group):
+    make_group(1, slug="emea")
+    body = lead_body(group="emea")
+    assert (
+        api.post(
+            "/api/v1/leads/", {**body, "score": 900}, format="json", headers={"Idempotency-Key": "retry-me"}
+        ).status_code
+        == 400
+    )
+    assert api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "retry-me"}).status_code == 201
+
+
+# --- dedup ------------------------------------------------------------------------------------
+
+
+def test_duplicate_email_returns_the_open_lead_without_a_rotation_turn(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    first = api.post("/api/v1/leads/", {"email": "Jane@Acme.example", "group": "emea"}, format="json").json()
+    pointer = RotationState.objects.get(group=group).pointer
+    r = api.post("/api/v1/leads/", {"email": "  jane@ACME.example ", "group": "emea"}, format="json")
+    assert r.status_code == 200
+    assert r.json()["duplicate_of"] == first["id"] and r.json()["id"] == first["id"]
+    assert Lead.objects.count() == 1 and Assignment.objects.count() == 1
+    assert RotationState.objects.get(group=group).pointer == pointer
+    assert AuditEvent.objects.filter(type="lead.duplicate", lead_id=first["id"]).count() == 1
+
+
+def test_dedup_window_is_the_groups(api, make_group):
+    from datetime import timedelta
+
+    make_group(2, slug="emea", dedup_days=1)
+    first = api.post("/api/v1/leads/", {"email": "old@acme.example", "group": "emea"}, format="json").json()
+    Lead.objects.filter(pk=first["id"]).update(
+        created_at=Lead.objects.get(pk=first["id"]).created_at - timedelta(days=2)
+    )
+    r = api.post("/api/v1/leads/", {"email": "old@acme.example", "group": "emea"}, format="json")
+    assert r.status_code == 201 and r.json()["id"] != first["id"]
+
+
+def test_closed_lead_is_not_a_duplicate(api, make_group):
+    make_group(1, slug="emea")
+    first = api.post("/api/v1/leads/", {"email": "c@acme.example", "group": "emea"}, format="json").json()
+    Lead.objects.filter(pk=first["id"]).update(status="closed", outcome="lost")
+    assert api.post("/api/v1/leads/", {"email": "c@acme.example", "group": "emea"}, format="json").status_code == 201
+
+
+# --- reads ------------------------------------------------------------------------------------
+
+
+def test_list_filters_and_pagination(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    make_group(0, slug="empty")
+    for _ in range(5):
+        api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    api.post("/api/v1/leads/", lead_body(group="empty"), format="json")
+    page = api.get("/api/v1/leads/?page_size=2").json()
+    assert page["count"] == 6 and len(page["results"]) == 2 and page["next"]
+    assert api.get("/api/v1/leads/?status=queued").json()["count"] == 1
+    assert api.get("/api/v1/leads/?group=emea").json()["count"] == 5
+    assert api.get(f"/api/v1/leads/?owner={reps[0].id}").json()["count"] == 3
+    assert api.get("/api/v1/leads/?created_after=2000-01-01T00:00:00Z").json()["count"] == 6
+    assert api.get("/api/v1/leads/?created_after=2999-01-01T00:00:00Z").json()["count"] == 0
+    assert api.get("/api/v1/leads/?status=bogus").status_code == 400
+    assert api.get("/api/v1/leads/?created_after=yesterday").status_code == 400
+    assert api.get("/api/v1/leads/?owner=abc").status_code == 400
+    assert api.get("/api/v1/leads/?page=99").status_code == 404
+
+
+def test_get_one_and_missing(api, make_group):
+    make_group(1, slug="emea")
+    lead = api.post("/api/v1/leads/", lead_body(group="emea", company="Acme"), format="json").json()
+    got = api.get(f"/api/v1/leads/{lead['id']}/").json()
+    assert got["company"] == "Acme" and got["status"] == "assigned" and got["escalations"] == 0
+    assert api.get("/api/v1/leads/999999/").status_code == 404
+    assert api.get("/api/v1/leads/999999/events/").status_code == 404
+    assert api.get("/api/v1/leads/abc/").status_code == 404
+
+
+def test_schema_docs_and_health(client, db):
+    assert client.get("/api/schema/").status_code == 200
+    assert b"/api/v1/leads/" in client.get("/api/schema/").content
+    assert client.get("/api/docs/").status_code == 200
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["database"] == "ok"
