@@ -1,3 +1,4 @@
+import itertools
 from typing import Any
 
 from django import forms
@@ -15,6 +16,9 @@ def admin_actor(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
 
 
+_PLACEHOLDER_POSITIONS = itertools.count(1_000_000_000)
+
+
 class MembershipForm(forms.ModelForm):
     position = forms.IntegerField(
         required=False, min_value=0, help_text="Leave empty to append at the end of the rotation."
@@ -28,8 +32,8 @@ class MembershipForm(forms.ModelForm):
         cleaned = super().clean() or {}
         self.auto_position = cleaned.get("position") is None
         if self.auto_position:
-            # A placeholder for validation; the service allocates the real one under the lock.
-            cleaned["position"] = 1_000_000_000
+            # A distinct placeholder for validation; the service allocates the real one under the lock.
+            cleaned["position"] = next(_PLACEHOLDER_POSITIONS)
         return cleaned
 
 

@@ -1,0 +1,170 @@
+"""The admin for sales ops and managers: pages, audited changes, no N+1 queries."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from audit.models import AuditEvent
+from leads.models import Lead
+from rotation.models import Group, Membership
+from tests.conftest import lead_body
+from tests.factories import RepFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff(client, django_user_model):
+    user = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw-ops-123")
+    client.force_login(user)
+    return client
+
+
+def fill(api, make_group, groups: int, leads: int) -> None:
+    for g in range(groups):
+        make_group(2, slug=f"g{g}-{Group.objects.count()}")
+    slugs = list(Group.objects.values_list("slug", flat=True))
+    for i in range(leads):
+        api.post("/api/v1/leads/", lead_body(group=slugs[i % len(slugs)]), format="json")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/rotation/group/",
+        "/admin/rotation/rep/",
+        "/admin/leads/lead/",
+        "/admin/leads/queuedlead/",
+        "/admin/audit/auditevent/",
+        "/admin/rotation/routingrule/",
+        "/admin/leads/apiclient/",
+    ],
+)
+def test_list_pages_have_no_n_plus_1(staff, api, make_group, url):
+    fill(api, make_group, 2, 4)
+    with CaptureQueriesContext(connection) as small:
+        assert staff.get(url).status_code == 200
+    fill(api, make_group, 6, 40)
+    with CaptureQueriesContext(connection) as large:
+        assert staff.get(url).status_code == 200
+    assert len(large) == len(small), [q["sql"] for q in large.captured_queries]
+
+
+def test_group_page_shows_members_and_rotation(staff, make_group):
+    group, reps = make_group(3, slug="emea")
+    page = staff.get(f"/admin/rotation/group/{group.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Next: <strong>" + reps[0].name in html
+    for rep in reps:
+        assert rep.name in html
+
+
+def test_lead_and_event_pages(staff, api, make_group):
+    make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    assert staff.get(f"/admin/leads/lead/{lead_id}/change/").status_code == 200
+    event = AuditEvent.objects.get(type="lead.assigned", lead_id=lead_id)
+    page = staff.get(f"/admin/audit/auditevent/{event.pk}/change/")
+    assert page.status_code == 200 and b"pointer_before" in page.content
+    assert staff.get("/admin/leads/lead/?q=customer.example").status_code == 200
+    assert staff.get("/admin/leads/lead/?status__exact=assigned").status_code == 200
+
+
+def test_audit_trail_is_read_only_in_the_admin(staff, api, make_group):
+    make_group(1, slug="emea")
+    api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    event = AuditEvent.objects.first()
+    assert staff.get("/admin/audit/auditevent/add/").status_code == 403
+    before = event.explanation
+    r = staff.post(f"/admin/audit/auditevent/{event.pk}/change/", {"type": "lead.closed", "actor": "me"})
+    assert r.status_code == 403
+    assert staff.post(f"/admin/audit/auditevent/{event.pk}/delete/", {"post": "yes"}).status_code == 403
+    r = staff.post(
+        "/admin/audit/auditevent/",
+        {"action": "delete_selected", "_selected_action": [event.pk], "post": "yes"},
+    )
+    event.refresh_from_db()
+    assert event.explanation == before
+
+
+def inline_management(prefix: str, total: int, initial: int) -> dict:
+    return {
+        f"{prefix}-TOTAL_FORMS": str(total),
+        f"{prefix}-INITIAL_FORMS": str(initial),
+        f"{prefix}-MIN_NUM_FORMS": "0",
+        f"{prefix}-MAX_NUM_FORMS": "1000",
+    }
+
+
+def group_form(**overrides) -> dict:
+    data = {
+        "slug": "admin-made",
+        "name": "Made in the admin",
+        "strategy": "round_robin",
+        "active": "on",
+        "timezone": "UTC",
+        "max_attempts": "3",
+        "dedup_days": "30",
+        "owner_match_fallback_to_rotation": "on",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_sales_ops_create_a_group_with_members_and_it_is_audited(staff):
+    a, b = RepFactory(), RepFactory()
+    data = group_form()
+    data.update(inline_management("memberships", 2, 0))
+    data.update({"memberships-0-rep": a.pk, "memberships-0-weight": "1", "memberships-0-active": "on"})
+    data.update({"memberships-1-rep": b.pk, "memberships-1-weight": "2", "memberships-1-active": "on"})
+    r = staff.post("/admin/rotation/group/add/", data)
+    assert r.status_code == 302, r.content.decode()[:3000]
+    group = Group.objects.get(slug="admin-made")
+    assert list(
+        Membership.objects.filter(group=group).order_by("position").values_list("rep_id", "position", "weight")
+    ) == [
+        (a.pk, 0, 1),
+        (b.pk, 1, 2),
+    ]
+    events = AuditEvent.objects.filter(group="admin-made").order_by("id")
+    assert [e.type for e in events] == ["group.changed", "membership.changed", "membership.changed"]
+    assert all(e.actor == "admin:ops" for e in events)
+
+    # Pausing a member in the inline is a membership change, audited with what changed.
+    ma, mb = Membership.objects.filter(group=group).order_by("position")
+    data = group_form()
+    data.update(inline_management("memberships", 2, 2))
+    data.update(
+        {
+            "memberships-0-id": ma.pk,
+            "memberships-0-group": group.pk,
+            "memberships-0-rep": a.pk,
+            "memberships-0-position": "0",
+            "memberships-0-weight": "1",
+        }
+    )
+    data.update(
+        {
+            "memberships-1-id": mb.pk,
+            "memberships-1-group": group.pk,
+            "memberships-1-rep": b.pk,
+            "memberships-1-position": "1",
+            "memberships-1-weight": "2",
+            "memberships-1-active": "on",
+        }
+    )
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 302, r.content.decode()[:3000]
+    ma.refresh_from_db()
+    assert ma.active is False
+    last = AuditEvent.objects.filter(type="membership.changed").last()
+    assert last.rep_id == a.pk and last.explanation["changes"] == {"active": False}
+
+
+def test_leads_cannot_be_added_or_deleted_in_the_admin(staff, api, make_group):
+    make_group(1, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    assert staff.get("/admin/leads/lead/add/").status_code == 403
+    assert staff.post(f"/admin/leads/lead/{lead_id}/delete/", {"post": "yes"}).status_code == 403
+    assert Lead.objects.filter(pk=lead_id).exists()

@@ -1,0 +1,124 @@
+"""Groups, reps and memberships over the API (manage scope), each change audited."""
+
+import pytest
+
+from audit.models import AuditEvent
+from rotation.models import Group, Membership, RotationState
+from tests.conftest import lead_body
+from tests.factories import RepFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_group_lifecycle(api):
+    r = api.post(
+        "/api/v1/groups/",
+        {"slug": "emea", "name": "EMEA", "strategy": "round_robin", "sla_minutes": 0.5, "timezone": "Europe/Paris"},
+        format="json",
+    )
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["sla_minutes"] == 0.5 and body["max_attempts"] == 3 and body["dedup_days"] == 30
+    assert body["active"] is True and body["is_default"] is False
+    assert RotationState.objects.filter(group__slug="emea").exists()
+    assert api.get("/api/v1/groups/emea/").json()["name"] == "EMEA"
+    assert api.get("/api/v1/groups/").json()["count"] == 1
+    r = api.patch("/api/v1/groups/emea/", {"strategy": "weighted", "active": False}, format="json")
+    assert r.status_code == 200 and r.json()["strategy"] == "weighted"
+    assert api.patch("/api/v1/groups/emea/", {"slug": "other"}, format="json").status_code == 400
+    changes = AuditEvent.objects.filter(type="group.changed", group="emea").order_by("id")
+    assert [e.explanation["action"] for e in changes] == ["created", "changed"]
+    assert changes[1].explanation["changes"] == {"strategy": "weighted", "active": False}
+    assert changes[1].actor.startswith("api:")
+    assert api.delete("/api/v1/groups/emea/").status_code == 204
+    assert AuditEvent.objects.filter(type="group.changed", group="emea").last().explanation["action"] == "deleted"
+    assert api.get("/api/v1/groups/emea/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"slug": "bad slug", "name": "x"}, "slug"),
+        ({"slug": "ok", "name": "x", "strategy": "random"}, "strategy"),
+        ({"slug": "ok", "name": "x", "timezone": "Mars/Olympus"}, "timezone"),
+        ({"slug": "ok", "name": "x", "sla_minutes": -1}, "sla_minutes"),
+        ({"slug": "ok", "name": "x", "max_attempts": 0}, "max_attempts"),
+        ({"slug": "ok", "name": "x", "colour": "red"}, "colour"),
+        ({"slug": "ok"}, "name"),
+    ],
+)
+def test_group_validation(api, body, field):
+    r = api.post("/api/v1/groups/", body, format="json")
+    assert r.status_code == 400 and field in r.json()
+    assert not Group.objects.exists()
+
+
+def test_one_default_group_moves(api):
+    api.post("/api/v1/groups/", {"slug": "a", "name": "A", "is_default": True}, format="json")
+    api.post("/api/v1/groups/", {"slug": "b", "name": "B", "is_default": True}, format="json")
+    assert list(Group.objects.filter(is_default=True).values_list("slug", flat=True)) == ["b"]
+
+
+def test_group_with_leads_cannot_be_deleted(api, make_group):
+    make_group(1, slug="busy")
+    api.post("/api/v1/leads/", lead_body(group="busy"), format="json")
+    r = api.delete("/api/v1/groups/busy/")
+    assert r.status_code == 409 and "deactivate" in r.json()["detail"]
+
+
+def test_reps(api):
+    r = api.post(
+        "/api/v1/reps/", {"name": "Ada", "email": "ada@sales.example", "timezone": "Europe/London"}, format="json"
+    )
+    assert r.status_code == 201, r.content
+    rep_id = r.json()["id"]
+    assert r.json()["working_hours"] is None and r.json()["active"] is True
+    assert api.post("/api/v1/reps/", {"name": "Twin", "email": "ada@sales.example"}, format="json").status_code == 400
+    r = api.patch(f"/api/v1/reps/{rep_id}/", {"working_hours": {"mon": [["09:00", "17:30"]]}}, format="json")
+    assert r.status_code == 200 and r.json()["working_hours"] == {"mon": [["09:00", "17:30"]]}
+    bad = api.patch(f"/api/v1/reps/{rep_id}/", {"working_hours": {"monday": [["9", "5"]]}}, format="json")
+    assert bad.status_code == 400 and "working_hours" in bad.json()
+    assert api.delete(f"/api/v1/reps/{rep_id}/").status_code == 405
+    types = list(AuditEvent.objects.filter(rep_id=rep_id).values_list("type", flat=True))
+    assert types == ["rep.changed", "rep.changed"]
+
+
+def test_memberships(api, make_group):
+    group, _ = make_group(0, slug="g")
+    a, b, c = RepFactory(), RepFactory(), RepFactory()
+    assert api.post("/api/v1/groups/g/members/", {"rep": a.id}, format="json").json()["position"] == 0
+    r = api.post("/api/v1/groups/g/members/", {"rep": b.id, "weight": 3, "max_open": 5}, format="json")
+    assert r.status_code == 201 and r.json()["position"] == 1 and r.json()["weight"] == 3
+    assert api.post("/api/v1/groups/g/members/", {"rep": b.id}, format="json").status_code == 400
+    taken = api.post("/api/v1/groups/g/members/", {"rep": c.id, "position": 1}, format="json")
+    assert taken.status_code == 400 and "position" in taken.json()
+    assert api.post("/api/v1/groups/g/members/", {"rep": 99999}, format="json").status_code == 400
+    assert api.post("/api/v1/groups/g/members/", {"rep": c.id, "weight": 0}, format="json").status_code == 400
+    listed = api.get("/api/v1/groups/g/members/").json()
+    assert [m["rep"] for m in listed] == [a.id, b.id]
+    r = api.patch(f"/api/v1/groups/g/members/{b.id}/", {"active": False, "max_per_day": 0}, format="json")
+    assert r.status_code == 200 and r.json()["active"] is False
+    assert api.patch(f"/api/v1/groups/g/members/{b.id}/", {"rep": a.id}, format="json").status_code == 400
+    assert api.patch(f"/api/v1/groups/g/members/{c.id}/", {"active": False}, format="json").status_code == 404
+    assert api.delete(f"/api/v1/groups/g/members/{a.id}/").status_code == 204
+    assert list(Membership.objects.filter(group=group).values_list("rep_id", flat=True)) == [b.id]
+    assert api.get("/api/v1/groups/nope/members/").status_code == 404
+    actions = list(
+        AuditEvent.objects.filter(type="membership.changed", group="g").values_list("explanation__action", flat=True)
+    )
+    assert actions == ["joined", "joined", "changed", "removed"]
+
+
+def test_rotation_view(api, make_group):
+    group, (a, b, c) = make_group(3, slug="g")
+    Membership.objects.filter(rep=c).update(active=False)
+    api.post("/api/v1/leads/", lead_body(group="g"), format="json")
+    view = api.get("/api/v1/groups/g/rotation/").json()
+    assert view["group"] == "g" and view["strategy"] == "round_robin" and view["pointer"] == 1
+    assert view["next"]["id"] == b.id
+    members = {m["rep"]["id"]: m for m in view["members"]}
+    assert members[a.id]["assigned_today"] == 1 and members[a.id]["open"] == 1 and members[a.id]["eligible"]
+    assert members[c.id]["eligible"] is False and members[c.id]["reason"] == "paused in this group"
+    for key in ("position", "weight", "active", "current_weight", "assigned_week", "share"):
+        assert key in members[a.id]
+    assert api.get("/api/v1/groups/missing/rotation/").status_code == 404
