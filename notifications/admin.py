@@ -1,0 +1,104 @@
+import json
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from .models import Delivery, OutboxMessage, WebhookEndpoint
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    list_display = ("group", "url", "active", "created_at")
+    list_filter = ("active", "group")
+    list_select_related = ("group",)
+    search_fields = ("url", "group__slug")
+    fields = ("group", "url", "active", "secret")
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(admin.ModelAdmin):
+    """The delivery log: every webhook and e-mail, its attempts, status and last error."""
+
+    list_display = (
+        "id",
+        "channel",
+        "event",
+        "lead_link",
+        "target",
+        "status",
+        "attempts",
+        "last_status_code",
+        "short_error",
+        "created_at",
+        "next_attempt_at",
+        "sent_at",
+    )
+    list_filter = ("status", "channel", "message__event")
+    search_fields = ("=message__lead_id", "target")
+    list_select_related = ("message",)
+    date_hierarchy = "created_at"
+    show_full_result_count = False
+    readonly_fields = (
+        "message",
+        "channel",
+        "endpoint",
+        "rep",
+        "target",
+        "status",
+        "attempts",
+        "last_status_code",
+        "last_error",
+        "created_at",
+        "last_attempt_at",
+        "next_attempt_at",
+        "sent_at",
+        "payload",
+    )
+    fields = readonly_fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Delivery]:
+        return super().get_queryset(request).select_related("message", "endpoint", "rep")
+
+    @admin.display(description="Event", ordering="message__event")
+    def event(self, obj: Delivery) -> str:
+        return obj.message.event
+
+    @admin.display(description="Lead", ordering="message__lead_id")
+    def lead_link(self, obj: Delivery) -> str:
+        return format_html('<a href="/admin/leads/lead/{}/change/">#{}</a>', obj.message.lead_id, obj.message.lead_id)
+
+    @admin.display(description="Last error")
+    def short_error(self, obj: Delivery) -> str:
+        return obj.last_error[:80]
+
+    @admin.display(description="Payload")
+    def payload(self, obj: Delivery) -> str:
+        return format_html("<pre style='white-space:pre-wrap'>{}</pre>", json.dumps(obj.message.payload, indent=2))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        return False
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(admin.ModelAdmin):
+    list_display = ("id", "event", "lead_id", "group_id", "rep_id", "created_at", "dispatched_at")
+    list_filter = ("event",)
+    search_fields = ("=lead_id",)
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: OutboxMessage | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: OutboxMessage | None = None) -> bool:
+        return False

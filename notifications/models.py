@@ -1,0 +1,108 @@
+"""Outbound notifications: per-group webhook endpoints, the outbox, and the delivery log.
+
+The routing transaction writes one `OutboxMessage` per event (one INSERT, no look-ups under
+the rotation lock). After commit a Celery task fans it out into `Delivery` rows, one per
+channel (each webhook endpoint of the group, the rep's e-mail), and sends each with retries
+and exponential backoff. A periodic sweep picks up whatever a lost task left behind.
+"""
+
+import secrets
+
+from django.db import models
+from django.db.models import Q
+
+from rotation.models import Group, Rep
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+class WebhookEndpoint(models.Model):
+    """Where a group's lead events are POSTed, signed with the endpoint's secret."""
+
+    group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="webhook_endpoints")
+    url = models.URLField(max_length=500)
+    secret = models.CharField(
+        max_length=128,
+        default=new_secret,
+        help_text="Signs each delivery: X-Signature: t=<unix>,v1=<hex HMAC-SHA256 of '<t>.<body>'>.",
+    )
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["group", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.group} -> {self.url}"
+
+
+class OutboxMessage(models.Model):
+    """One lead event to announce, written inside the transaction that made it happen."""
+
+    id = models.BigAutoField(primary_key=True)
+    event = models.CharField(max_length=40)
+    lead_id = models.BigIntegerField()
+    group_id = models.BigIntegerField(null=True, blank=True)
+    rep_id = models.BigIntegerField(null=True, blank=True)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # The sweep's index: messages not yet fanned out.
+            models.Index(fields=["id"], name="outbox_undispatched_idx", condition=Q(dispatched_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} lead #{self.lead_id}"
+
+
+class Delivery(models.Model):
+    """One channel of one message, and how sending it went (the delivery log)."""
+
+    class Channel(models.TextChoices):
+        WEBHOOK = "webhook"
+        EMAIL = "email"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        SENT = "sent"
+        FAILED = "failed"  # gave up after the last attempt
+
+    id = models.BigAutoField(primary_key=True)
+    message = models.ForeignKey(OutboxMessage, on_delete=models.CASCADE, related_name="deliveries")
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="deliveries"
+    )
+    rep = models.ForeignKey(Rep, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    target = models.CharField(max_length=500, help_text="The URL, or the rep's e-mail address.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    next_attempt_at = models.DateTimeField()
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name_plural = "deliveries"
+        indexes = [
+            models.Index(fields=["next_attempt_at"], name="delivery_pending_idx", condition=Q(status="pending")),
+        ]
+        constraints = [
+            # Fan-out is safe to run twice: one delivery per (message, endpoint) and per (message, e-mail).
+            models.UniqueConstraint(
+                fields=["message", "endpoint"], condition=Q(channel="webhook"), name="one_webhook_delivery"
+            ),
+            models.UniqueConstraint(fields=["message"], condition=Q(channel="email"), name="one_email_delivery"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} #{self.id} ({self.status})"

@@ -1,0 +1,315 @@
+"""Notifications: the outbox (written in the routing transaction) and its delivery.
+
+`outbox_add` is the one way in: call it inside the transaction that assigned or escalated a
+lead. It writes one row and, after commit, enqueues the fan-out. Nothing here runs under a
+rotation lock except that INSERT; the HTTP calls and e-mails happen in Celery tasks, each
+delivery retried with exponential backoff until it succeeds or runs out of attempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.utils import timezone
+
+from rotation.models import Rep
+
+from .models import Delivery, OutboxMessage, WebhookEndpoint
+
+logger = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Signature"
+
+
+class DeliveryError(Exception):
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+# --- writing the outbox (inside the caller's transaction) -----------------------------------
+
+
+def outbox_add(
+    *,
+    event: str,
+    lead_id: int,
+    group_id: int | None,
+    rep_id: int | None,
+    payload: dict[str, Any],
+    at: datetime | None = None,
+) -> OutboxMessage:
+    """Records a lead event to announce. Call it inside the transaction that made it happen:
+    the row commits (or rolls back) with the assignment, and the fan-out runs after commit."""
+    message = OutboxMessage.objects.create(
+        event=event, lead_id=lead_id, group_id=group_id, rep_id=rep_id, payload=payload, created_at=at or timezone.now()
+    )
+    transaction.on_commit(lambda: _enqueue("notifications.outbox_dispatch", message.id), robust=True)
+    return message
+
+
+def outbox_add_many(*, messages: Iterable[OutboxMessage]) -> int:
+    """Bulk form for batch routing (bulk import): one INSERT, one drain task after commit."""
+    rows = OutboxMessage.objects.bulk_create(list(messages))
+    if rows:
+        transaction.on_commit(lambda: _enqueue("notifications.outbox_drain", None), robust=True)
+    return len(rows)
+
+
+def _enqueue(task_name: str, arg: int | None) -> None:
+    """Publishes a task; a broker outage must not fail the request (the sweep catches up)."""
+    from routing_project.celery import app
+
+    try:
+        app.send_task(task_name, args=[arg] if arg is not None else [])
+    except Exception as exc:  # noqa: BLE001 - any broker error: the periodic sweep delivers later
+        logger.warning("notification task not enqueued (%s); the sweep will deliver it", type(exc).__name__)
+
+
+def _enqueue_sends(ids: list[int]) -> None:
+    for delivery_id in ids:
+        _enqueue("notifications.delivery_send", delivery_id)
+
+
+# --- fan-out --------------------------------------------------------------------------------
+
+
+def outbox_dispatch(*, message_id: int) -> list[int]:
+    """Turns one message into its deliveries (webhook per active endpoint, e-mail to the rep).
+    Safe to run twice: the message row is locked and marked dispatched in one transaction."""
+    now = timezone.now()
+    with transaction.atomic():
+        message = (
+            OutboxMessage.objects.select_for_update(skip_locked=True)
+            .filter(pk=message_id, dispatched_at__isnull=True)
+            .first()
+        )
+        if message is None:
+            return []
+        deliveries = _deliveries_for([message], now)
+        Delivery.objects.bulk_create(deliveries)
+        OutboxMessage.objects.filter(pk=message.pk).update(dispatched_at=now)
+        ids = [d.id for d in deliveries]
+        transaction.on_commit(lambda: _enqueue_sends(ids), robust=True)
+    return ids
+
+
+def outbox_dispatch_pending(*, older_than_s: float = 0.0, limit: int = 500) -> int:
+    """Fans out messages not dispatched yet (a lost task, a broker outage, a bulk import)."""
+    now = timezone.now()
+    with transaction.atomic():
+        messages = list(
+            OutboxMessage.objects.select_for_update(skip_locked=True)
+            .filter(dispatched_at__isnull=True, created_at__lte=now - timedelta(seconds=older_than_s))
+            .order_by("id")[:limit]
+        )
+        if not messages:
+            return 0
+        deliveries = _deliveries_for(messages, now)
+        Delivery.objects.bulk_create(deliveries)
+        OutboxMessage.objects.filter(pk__in=[m.pk for m in messages]).update(dispatched_at=now)
+        ids = [d.id for d in deliveries]
+        transaction.on_commit(lambda: _enqueue_sends(ids), robust=True)
+    return len(messages)
+
+
+def _deliveries_for(messages: list[OutboxMessage], now: datetime) -> list[Delivery]:
+    group_ids = {m.group_id for m in messages if m.group_id is not None}
+    rep_ids = {m.rep_id for m in messages if m.rep_id is not None}
+    endpoints: dict[int, list[WebhookEndpoint]] = {}
+    for endpoint in WebhookEndpoint.objects.filter(group_id__in=group_ids, active=True).order_by("id"):
+        endpoints.setdefault(endpoint.group_id, []).append(endpoint)
+    emails = dict(Rep.objects.filter(pk__in=rep_ids).values_list("id", "email"))
+    out: list[Delivery] = []
+    for m in messages:
+        for endpoint in endpoints.get(m.group_id or 0, []):
+            out.append(
+                Delivery(
+                    message=m,
+                    channel=Delivery.Channel.WEBHOOK,
+                    endpoint=endpoint,
+                    rep_id=m.rep_id,
+                    target=endpoint.url,
+                    created_at=now,
+                    next_attempt_at=now,
+                )
+            )
+        if settings.NOTIFY_REP_EMAIL and m.rep_id in emails:
+            out.append(
+                Delivery(
+                    message=m,
+                    channel=Delivery.Channel.EMAIL,
+                    rep_id=m.rep_id,
+                    target=emails[m.rep_id],
+                    created_at=now,
+                    next_attempt_at=now,
+                )
+            )
+    return out
+
+
+# --- sending --------------------------------------------------------------------------------
+
+
+def backoff_seconds(attempts: int) -> float:
+    """Exponential: base, 2 x base, 4 x base, ... capped."""
+    return float(min(settings.NOTIFY_BACKOFF_BASE_S * 2 ** max(attempts - 1, 0), settings.NOTIFY_BACKOFF_MAX_S))
+
+
+def delivery_attempt(*, delivery_id: int) -> float | None:
+    """Sends one pending delivery once. Returns the seconds until its next attempt when it
+    failed and may be retried, else None (sent, given up, not due, or being sent elsewhere).
+
+    The row is locked (SKIP LOCKED) while sending, so the retry timer and the sweep never
+    send the same delivery twice at once; a sent delivery is never sent again.
+    """
+    with transaction.atomic():
+        d = (
+            Delivery.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("message", "endpoint", "rep")
+            .filter(pk=delivery_id, status=Delivery.Status.PENDING)
+            .first()
+        )
+        if d is None:
+            return None
+        now = timezone.now()
+        if d.next_attempt_at > now + timedelta(seconds=1):
+            return None  # an early duplicate; the scheduled retry or the sweep sends it
+        d.attempts += 1
+        d.last_attempt_at = now
+        try:
+            if d.channel == Delivery.Channel.WEBHOOK:
+                d.last_status_code = _send_webhook(d)
+            else:
+                _send_email(d)
+        except DeliveryError as exc:
+            d.last_error = str(exc)[:2000]
+            d.last_status_code = exc.status_code
+            retry_in: float | None = None
+            if d.attempts >= settings.NOTIFY_MAX_ATTEMPTS:
+                d.status = Delivery.Status.FAILED
+            else:
+                retry_in = backoff_seconds(d.attempts)
+                d.next_attempt_at = now + timedelta(seconds=retry_in)
+            d.save(
+                update_fields=[
+                    "attempts",
+                    "last_attempt_at",
+                    "last_error",
+                    "last_status_code",
+                    "status",
+                    "next_attempt_at",
+                ]
+            )
+            logger.info("delivery %s (%s) attempt %s failed: %s", d.id, d.channel, d.attempts, type(exc).__name__)
+            return retry_in
+        d.status, d.sent_at, d.last_error = Delivery.Status.SENT, timezone.now(), ""
+        d.save(update_fields=["attempts", "last_attempt_at", "last_status_code", "status", "sent_at", "last_error"])
+        return None
+
+
+def deliveries_due(*, older_than_s: float, limit: int = 500) -> list[int]:
+    """Pending deliveries whose retry is overdue by more than `older_than_s` (timer lost)."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    return list(
+        Delivery.objects.filter(status=Delivery.Status.PENDING, next_attempt_at__lte=cutoff)
+        .order_by("next_attempt_at")
+        .values_list("id", flat=True)[:limit]
+    )
+
+
+def sign(secret: str, body: bytes, at: int | None = None) -> str:
+    """The same scheme as signed intake: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">."""
+    t = int(time.time()) if at is None else at
+    mac = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={mac}"
+
+
+def webhook_body(d: Delivery) -> bytes:
+    m = d.message
+    owner = {"id": d.rep.id, "name": d.rep.name, "email": d.rep.email} if d.rep is not None else None
+    lead = {**m.payload.get("lead", {}), "owner": owner}
+    document = {
+        "id": f"msg_{m.id}",
+        "event": m.event,
+        "created_at": m.created_at.isoformat(),
+        "lead": lead,
+        **{k: v for k, v in m.payload.items() if k != "lead"},
+    }
+    return json.dumps(document, separators=(",", ":"), default=str).encode()
+
+
+def _send_webhook(d: Delivery) -> int:
+    if d.endpoint is None:
+        raise DeliveryError("the endpoint was deleted")
+    url = d.endpoint.url
+    if not url.startswith(("http://", "https://")):
+        raise DeliveryError("only http and https URLs are delivered")
+    body = webhook_body(d)
+    request = urllib.request.Request(  # noqa: S310 - scheme checked above
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "User-Agent": "lead-router-webhooks/1",
+            SIGNATURE_HEADER: sign(d.endpoint.secret, body),
+            "X-Event": d.message.event,
+            "X-Delivery-Id": str(d.id),
+            "X-Message-Id": f"msg_{d.message_id}",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=settings.NOTIFY_WEBHOOK_TIMEOUT_S) as response:  # noqa: S310
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read(300).decode("utf-8", "replace") if exc.fp else ""
+        raise DeliveryError(f"HTTP {exc.code}: {detail}".strip(), status_code=exc.code) from exc
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise DeliveryError(f"{type(exc).__name__}: {reason}") from exc
+
+
+def email_content(d: Delivery) -> tuple[str, str]:
+    """Subject and body. Contact details stay in the app (the link), not in the mail."""
+    m = d.message
+    lead = m.payload.get("lead", {})
+    verb = {"lead.assigned": "assigned to you", "lead.escalated": "escalated to you"}.get(m.event, m.event)
+    subject = f"Lead #{m.lead_id} {verb}"
+    lines = [
+        f"Lead #{m.lead_id} was {verb} in group {lead.get('group') or '-'}.",
+        "",
+        *(f"{label}: {lead[key]}" for key, label in _EMAIL_FIELDS if lead.get(key) not in (None, "")),
+        "",
+        f"Open it: {settings.PUBLIC_BASE_URL.rstrip('/')}/admin/leads/lead/{m.lead_id}/change/",
+    ]
+    return subject, "\n".join(lines)
+
+
+_EMAIL_FIELDS = (
+    ("company", "Company"),
+    ("country", "Country"),
+    ("source", "Source"),
+    ("product", "Product"),
+    ("sla_due_at", "Accept before"),
+)
+
+
+def _send_email(d: Delivery) -> None:
+    subject, body = email_content(d)
+    try:
+        send_mail(subject, body, settings.DEFAULT_FROM_EMAIL, [d.target], fail_silently=False)
+    except Exception as exc:  # noqa: BLE001 - SMTP and socket errors alike are retried
+        raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,41 @@
+"""Thin Celery tasks: ids in, a service call, retries with backoff. Safe to run twice."""
+
+from typing import Any
+
+from celery import shared_task
+from django.conf import settings
+
+from . import services
+
+
+@shared_task(name="notifications.outbox_dispatch", acks_late=True)
+def outbox_dispatch(message_id: int) -> int:
+    return len(services.outbox_dispatch(message_id=message_id))
+
+
+@shared_task(name="notifications.outbox_drain", acks_late=True)
+def outbox_drain() -> int:
+    """Fans out every undispatched message (after a bulk import), in chunks."""
+    total = 0
+    while n := services.outbox_dispatch_pending(older_than_s=0):
+        total += n
+    return total
+
+
+@shared_task(name="notifications.delivery_send", bind=True, acks_late=True, max_retries=None)
+def delivery_send(self: Any, delivery_id: int) -> None:
+    # The attempt count lives on the Delivery row (NOTIFY_MAX_ATTEMPTS), not in Celery.
+    retry_in = services.delivery_attempt(delivery_id=delivery_id)
+    if retry_in is not None:
+        raise self.retry(countdown=retry_in)
+
+
+@shared_task(name="notifications.outbox_sweep", acks_late=True)
+def outbox_sweep() -> dict[str, int]:
+    """The safety net: messages and retries whose task was lost (broker down, worker killed)."""
+    grace = settings.NOTIFY_SWEEP_GRACE_S
+    dispatched = services.outbox_dispatch_pending(older_than_s=grace)
+    due = services.deliveries_due(older_than_s=grace)
+    for delivery_id in due:
+        delivery_send.delay(delivery_id)
+    return {"dispatched": dispatched, "retried": len(due)}

@@ -1,0 +1,204 @@
+"""Notifications: the outbox row is written in the routing transaction; deliveries are
+signed webhooks to a real HTTP receiver and e-mails, retried with exponential backoff."""
+
+import hashlib
+import hmac
+import json
+import socket
+from datetime import timedelta
+
+import pytest
+from django.core import mail
+from django.db import transaction
+from django.utils import timezone
+
+from leads.models import Lead
+from notifications import services, tasks
+from notifications.models import Delivery, OutboxMessage, WebhookEndpoint
+
+pytestmark = pytest.mark.django_db
+
+
+def verify(secret: str, header: str, body: bytes) -> bool:
+    parts = dict(p.split("=", 1) for p in header.split(","))
+    expected = hmac.new(secret.encode(), f"{parts['t']}.".encode() + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, parts["v1"])
+
+
+def make_due(delivery_id: int) -> None:
+    Delivery.objects.filter(pk=delivery_id).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_intake_writes_one_outbox_row_with_the_assignment(post_lead, make_group):
+    group, reps = make_group(2, slug="emea")
+    body = post_lead(group="emea", company="Acme", external_id="crm-1").json()
+    message = OutboxMessage.objects.get()
+    assert (message.event, message.lead_id, message.group_id, message.rep_id) == (
+        "lead.assigned",
+        body["id"],
+        group.id,
+        reps[0].id,
+    )
+    assert message.payload["lead"]["company"] == "Acme" and message.payload["lead"]["group"] == "emea"
+    assert message.payload["reason"] == "rotation" and message.payload["attempt"] == 1
+    assert message.dispatched_at is None
+
+
+def test_a_queued_lead_announces_nothing(post_lead, make_group):
+    make_group(0, slug="empty")
+    assert post_lead(group="empty").json()["status"] == "queued"
+    assert not OutboxMessage.objects.exists()
+
+
+def test_the_outbox_row_rolls_back_with_its_transaction(make_group):
+    group, reps = make_group(1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.outbox_add(event="lead.assigned", lead_id=1, group_id=group.id, rep_id=reps[0].id, payload={})
+        raise RuntimeError("routing failed")
+    assert not OutboxMessage.objects.exists()
+
+
+def test_webhook_is_signed_and_email_sent(post_lead, make_group, receiver):
+    group, reps = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/off", active=False)
+    lead_id = post_lead(group="emea", company="Acme").json()["id"]
+    message = OutboxMessage.objects.get()
+
+    ids = services.outbox_dispatch(message_id=message.id)
+    assert services.outbox_dispatch(message_id=message.id) == []  # running twice fans out once
+    deliveries = {d.channel: d for d in Delivery.objects.filter(pk__in=ids)}
+    assert set(deliveries) == {"webhook", "email"}  # the inactive endpoint gets nothing
+    for d in deliveries.values():
+        assert services.delivery_attempt(delivery_id=d.id) is None
+        d.refresh_from_db()
+        assert (d.status, d.attempts, d.last_error) == ("sent", 1, "")
+
+    [request] = receiver.requests
+    headers = request["headers"]
+    assert verify(endpoint.secret, headers["X-Signature"], request["body"])
+    assert not verify("another secret", headers["X-Signature"], request["body"])
+    assert headers["X-Event"] == "lead.assigned" and headers["X-Message-Id"] == f"msg_{message.id}"
+    doc = json.loads(request["body"])
+    assert doc["event"] == "lead.assigned" and doc["lead"]["id"] == lead_id
+    assert doc["lead"]["owner"] == {"id": reps[0].id, "name": reps[0].name, "email": reps[0].email}
+    assert deliveries["webhook"].last_status_code == 200
+
+    [email] = mail.outbox
+    assert email.to == [reps[0].email]
+    assert email.subject == f"Lead #{lead_id} assigned to you"
+    assert "Acme" in email.body and f"/admin/leads/lead/{lead_id}/change/" in email.body
+    assert Lead.objects.get(pk=lead_id).email not in email.body  # contact details stay in the app
+
+    # A sent delivery is never sent again.
+    make_due(deliveries["webhook"].id)
+    assert services.delivery_attempt(delivery_id=deliveries["webhook"].id) is None
+    assert len(receiver.requests) == 1
+
+
+def test_failed_webhook_is_retried_with_exponential_backoff(post_lead, make_group, receiver, settings):
+    settings.NOTIFY_BACKOFF_BASE_S = 5
+    settings.NOTIFY_REP_EMAIL = False
+    group, _ = make_group(1, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.statuses = [500, 503, 200]
+    post_lead(group="emea")
+    [delivery_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+
+    before = timezone.now()
+    assert services.delivery_attempt(delivery_id=delivery_id) == 5
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts, d.last_status_code) == ("pending", 1, 500)
+    assert d.last_error.startswith("HTTP 500")
+    assert d.next_attempt_at >= before + timedelta(seconds=5)
+
+    # Not due yet: an early duplicate (timer and sweep together) sends nothing.
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    assert len(receiver.requests) == 1
+
+    make_due(delivery_id)
+    assert services.delivery_attempt(delivery_id=delivery_id) == 10  # doubled
+    make_due(delivery_id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    d.refresh_from_db()
+    assert (d.status, d.attempts, d.last_status_code, d.last_error) == ("sent", 3, 200, "")
+    assert len(receiver.requests) == 3
+    # Every retry carries the same message id, so a receiver can drop repeats.
+    assert len({r["headers"]["X-Message-Id"] for r in receiver.requests}) == 1
+
+
+def test_gives_up_after_the_last_attempt(make_group, settings):
+    settings.NOTIFY_MAX_ATTEMPTS = 2
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(1)
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{port}/")
+    with transaction.atomic():
+        message = services.outbox_add(
+            event="lead.escalated", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={"lead": {"id": 7}}
+        )
+    [delivery_id] = services.outbox_dispatch(message_id=message.id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    make_due(delivery_id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts) == ("failed", 2)
+    assert "URLError" in d.last_error or "Connection" in d.last_error
+
+
+def test_backoff_is_capped(settings):
+    settings.NOTIFY_BACKOFF_BASE_S = 5
+    settings.NOTIFY_BACKOFF_MAX_S = 60
+    assert [services.backoff_seconds(n) for n in range(1, 7)] == [5, 10, 20, 40, 60, 60]
+
+
+def test_the_task_retries_through_celery(post_lead, make_group, receiver, settings):
+    """The Celery task itself (run in process): a failure raises a retry, whose eager re-run
+    finds the delivery not yet due and stops, leaving the scheduled attempt to the timer."""
+    settings.NOTIFY_REP_EMAIL = False
+    group, _ = make_group(1, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.statuses = [502, 200]
+    post_lead(group="emea")
+    [delivery_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+    tasks.delivery_send.apply(args=[delivery_id])
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts) == ("pending", 1)
+    make_due(delivery_id)
+    tasks.delivery_send.apply(args=[delivery_id])
+    d.refresh_from_db()
+    assert (d.status, d.attempts) == ("sent", 2)
+
+
+def test_pending_messages_are_fanned_out_by_the_sweep(post_lead, make_group):
+    make_group(1, slug="emea")
+    post_lead(group="emea")
+    post_lead(group="emea")
+    # Not older than the grace period yet: left to the on-commit task.
+    assert services.outbox_dispatch_pending(older_than_s=60) == 0
+    assert services.outbox_dispatch_pending(older_than_s=0) == 2
+    assert Delivery.objects.filter(channel="email").count() == 2
+    assert not OutboxMessage.objects.filter(dispatched_at__isnull=True).exists()
+    assert services.deliveries_due(older_than_s=0) == list(
+        Delivery.objects.order_by("next_attempt_at").values_list("id", flat=True)
+    )
+
+
+def test_delivery_log_in_the_admin(admin_client, post_lead, make_group, receiver, django_assert_max_num_queries):
+    group, _ = make_group(2, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.statuses = [500]
+    for _ in range(5):
+        post_lead(group="emea")
+    services.outbox_dispatch_pending()
+    for d in Delivery.objects.filter(channel="webhook"):
+        services.delivery_attempt(delivery_id=d.id)
+    with django_assert_max_num_queries(12):  # no query per row
+        page = admin_client.get("/admin/notifications/delivery/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "HTTP 500" in html and receiver.url in html and "pending" in html
+    detail = admin_client.get(f"/admin/notifications/delivery/{Delivery.objects.first().id}/change/")
+    assert detail.status_code == 200
