@@ -8,6 +8,7 @@ group's rotation row, then lead rows by id. One order means no deadlocks between
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -21,6 +22,7 @@ from django.db.models import Count
 from rotation import strategies
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Absence, Group, Membership, RotationState
+from routing_project import metrics
 
 from .models import OPEN_STATUSES, Assignment, Lead
 
@@ -72,11 +74,14 @@ def lock_rotation(group_id: int) -> RotationState:
     not block inserts of leads and assignments that reference the group row.
     """
     qs = RotationState.objects.select_for_update(no_key=True, of=("self",)).select_related("group")
+    started = time.perf_counter()
     try:
-        return qs.get(group_id=group_id)
+        state = qs.get(group_id=group_id)
     except RotationState.DoesNotExist:
         RotationState.objects.get_or_create(group_id=group_id)
-        return qs.get(group_id=group_id)
+        state = qs.get(group_id=group_id)
+    metrics.rotation_lock_waited(time.perf_counter() - started)
+    return state
 
 
 def day_start(now: datetime, tz: str) -> datetime:

@@ -19,6 +19,7 @@ from audit.models import AuditEvent
 from audit.services import Event, audit_record_many
 from rotation.models import Group, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
+from routing_project import metrics
 
 from . import routing
 from .models import DEDUP_STATUSES, ApiClient, Assignment, IdempotencyRecord, Lead, LeadStatus
@@ -171,13 +172,24 @@ def lead_intake(
     stored idempotent response.
     """
     resolution = lead_resolve_group(data=data, requested=requested)
+    slug = resolution.group.slug if resolution.group else None
+    metrics.lead_received(group=slug)
+    started = time.perf_counter()
     attempts = settings.ROUTING_MAX_RETRIES + 1
     for attempt in range(attempts):
         try:
             with transaction.atomic():
-                return _intake_locked(data, raw or {}, requested, resolution, client, actor, render, idempotency)
+                result = _intake_locked(data, raw or {}, requested, resolution, client, actor, render, idempotency)
+            metrics.intake_finished(
+                group=result.lead.group.slug if result.lead.group else None,
+                status=result.lead.status,
+                duplicate=result.duplicate_of is not None,
+                seconds=time.perf_counter() - started,
+            )
+            return result
         except Exception as exc:
             if routing.is_lock_timeout(exc):
+                metrics.routing_busy(group=slug)
                 raise routing.RoutingBusy() from exc
             if routing.is_retryable(exc) and attempt + 1 < attempts:
                 logger.warning("routing transaction retried after %s", routing.sqlstate(exc))

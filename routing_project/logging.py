@@ -1,7 +1,10 @@
 """Request ids for log lines, carried in a context variable set by the middleware."""
 
 import contextvars
+import json
 import logging
+from datetime import UTC, datetime
+from typing import Any
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 
@@ -10,3 +13,27 @@ class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = request_id_var.get()
         return True
+
+
+# Attributes every LogRecord has; anything else on a record came from `extra=` and is a field.
+_RECORD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "request_id", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (LOG_FORMAT=json): time, level, logger, message, request id,
+    and the fields passed with `extra=`. Callers never pass contact data (email, phone, names)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", None) or request_id_var.get(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_ATTRS and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str, ensure_ascii=False)

@@ -1,10 +1,13 @@
+import logging
 import re
+import time
 import uuid
 from collections.abc import Callable
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from . import metrics
 from .logging import request_id_var
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
@@ -47,3 +50,43 @@ class BodySizeLimitMiddleware:
                     status=413,
                 )
         return self.get_response(request)
+
+
+access_logger = logging.getLogger("routing_project.access")
+_QUIET_PATHS = ("/metrics", "/healthz", "/readyz", "/static/")
+
+
+class AccessLogMiddleware:
+    """One access line per request (method, path, status, duration, request id, client name)
+    and the request's duration in the HTTP histogram. The path is logged without its query
+    string, and nothing from the body: no contact data reaches the logs."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        response = self.get_response(request)
+        seconds = time.perf_counter() - started
+        match = request.resolver_match
+        view = (match.view_name or match.route) if match is not None else "unmatched"
+        metrics.http_request_observed(
+            method=request.method or "", view=view, status=response.status_code, seconds=seconds
+        )
+        if not request.path.startswith(_QUIET_PATHS):
+            client = getattr(request, "auth", None)
+            access_logger.info(
+                "%s %s %s %.1fms",
+                request.method,
+                request.path,
+                response.status_code,
+                seconds * 1000,
+                extra={
+                    "method": request.method,
+                    "path": request.path,
+                    "status": response.status_code,
+                    "duration_ms": round(seconds * 1000, 2),
+                    "client": getattr(client, "name", None),
+                },
+            )
+        return response

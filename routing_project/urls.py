@@ -6,7 +6,7 @@ from rest_framework.routers import DefaultRouter
 from leads.api.views import LeadViewSet, QueueView, RotationView
 from rotation.api.views import GroupViewSet, MembershipViewSet, RepViewSet
 
-from . import health
+from . import health, metrics
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
@@ -32,4 +32,5 @@ urlpatterns = [
     ),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
 ]

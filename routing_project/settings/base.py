@@ -117,6 +117,68 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 1.0
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_PUBLISH_RETRY = False
 
+# --- Escalation and the fallback queue (SPEC 5) --------------------------------------------
+# The due time stored on the assignment is the truth; a Celery timer only makes escalation
+# prompt, and a beat sweep over overdue assignments (SKIP LOCKED) is the safety net.
+# Two traps of ETA tasks on Redis decide the numbers:
+# - a message not acknowledged within the visibility timeout is delivered again, and an ETA
+#   task stays unacknowledged until it has run (late ack). Timers are therefore published
+#   only when due within ESCALATION_TIMER_HORIZON_S (at commit, or later by the
+#   escalation-arm beat task), and the visibility timeout is far above that horizon plus the
+#   longest task: no timer is ever redelivered in normal operation, while the messages of a
+#   worker killed outright come back after 10 minutes (the sweep has long caught them);
+# - a worker holds every ETA task it has received in memory. With the horizon, it holds the
+#   timers of the next two minutes (at most ESCALATION_ARM_MAX per arm run), not every pending
+#   assignment: 100,000 pending assignments stay in PostgreSQL, not in the worker.
+# Escalation is idempotent (locks, then re-read), so a duplicate timer costs one no-op.
+ESCALATION_TIMER_HORIZON_S = env.float("ESCALATION_TIMER_HORIZON_S", default=120.0)
+ESCALATION_ARM_EVERY_S = env.float("ESCALATION_ARM_EVERY_S", default=60.0)
+ESCALATION_ARM_OVERLAP_S = env.float("ESCALATION_ARM_OVERLAP_S", default=15.0)
+ESCALATION_ARM_MAX = env.int("ESCALATION_ARM_MAX", default=20_000)
+# The safety net's period: a lost timer escalates at most this late (plus the sweep's run).
+ESCALATION_SWEEP_EVERY_S = env.float("ESCALATION_SWEEP_EVERY_S", default=5.0)
+ESCALATION_SWEEP_BATCH = env.int("ESCALATION_SWEEP_BATCH", default=500)
+# Queues drain after commit of the change that freed capacity; this sweep is the backstop
+# (an absence that simply ends is announced by no write).
+QUEUE_DRAIN_SWEEP_EVERY_S = env.float("QUEUE_DRAIN_SWEEP_EVERY_S", default=30.0)
+QUEUE_DRAIN_BATCH = env.int("QUEUE_DRAIN_BATCH", default=500)
+# After a failed publish (broker down), requests skip publishing for this long: an outage
+# costs intake nothing, and the sweep escalates on time from the database.
+BROKER_PUBLISH_BACKOFF_S = env.float("BROKER_PUBLISH_BACKOFF_S", default=5.0)
+if not CELERY_BROKER_URL.startswith("filesystem://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", default=600),
+        # Publishing from a web request: fail within about a second when Redis is away,
+        # instead of kombu's default of retrying the connection forever.
+        "socket_connect_timeout": 1.0,
+        "socket_timeout": 5.0,
+        "max_retries": 1,
+        "interval_start": 0,
+        "interval_step": 0.2,
+        "interval_max": 0.5,
+        **CELERY_BROKER_TRANSPORT_OPTIONS,
+    }
+CELERY_BEAT_SCHEDULE.update(
+    {
+        # `expires`: a beat that piles up while the worker is busy or away is dropped, not replayed.
+        "escalation-sweep": {
+            "task": "leads.tasks.escalation_sweep",
+            "schedule": ESCALATION_SWEEP_EVERY_S,
+            "options": {"expires": ESCALATION_SWEEP_EVERY_S},
+        },
+        "escalation-arm": {
+            "task": "leads.tasks.escalation_arm",
+            "schedule": ESCALATION_ARM_EVERY_S,
+            "options": {"expires": ESCALATION_ARM_EVERY_S},
+        },
+        "queue-drain-sweep": {
+            "task": "leads.tasks.queue_drain_sweep",
+            "schedule": QUEUE_DRAIN_SWEEP_EVERY_S,
+            "options": {"expires": QUEUE_DRAIN_SWEEP_EVERY_S},
+        },
+    }
+)
+
 # --- API ------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["leads.api.auth.BearerTokenAuthentication"],

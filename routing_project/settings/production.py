@@ -1,5 +1,5 @@
 from .base import *  # noqa: F403
-from .base import env
+from .base import LOGGING, env
 
 # No default: production refuses to start without a real secret.
 SECRET_KEY = env("SECRET_KEY")
@@ -8,3 +8,4 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+LOGGING["handlers"]["console"]["formatter"] = env("LOG_FORMAT", default="json")

@@ -14,3 +14,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ROUTING_LOCK_TIMEOUT_MS = 1000
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+# Celery on Redis, isolated per pytest-xdist worker (CI shares one Redis database): every
+# key the broker writes carries this prefix, and the real-worker tests start their worker
+# subprocess with the same environment, so it consumes exactly this process's tasks.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    **CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
+    "global_keyprefix": f"lr-test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}:",
+}

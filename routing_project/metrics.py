@@ -1,0 +1,179 @@
+"""Prometheus metrics: what intake counts, how long routing and its lock take, and the gauges
+computed from the database when `/metrics` is scraped.
+
+Under gunicorn (several worker processes) prometheus-client runs in multiprocess mode: each
+process writes its samples to files in PROMETHEUS_MULTIPROC_DIR (set by gunicorn.conf.py or
+scripts/run.sh before any worker starts) and a scrape sums them. Without that variable (tests,
+`runserver`, a one-process deployment) the process's own registry is served.
+
+Other parts of the product record through the small functions below (`lead_received`,
+`intake_finished`, `rotation_lock_waited`, `escalation_recorded`, `sla_breach_recorded`), so
+metric names and labels live in one place. No metric carries contact data: labels are group
+slugs and fixed words.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from datetime import datetime
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+NO_GROUP = "none"
+
+# Latency buckets for a transaction that should take a few milliseconds and must stay well
+# under the lock timeout (2 s by default).
+_FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_LOCK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+
+LEADS_RECEIVED = Counter("leadrouter_leads_received", "Leads taken in by intake, by resolved group.", ["group"])
+LEADS_ROUTED = Counter("leadrouter_leads_routed", "Leads assigned to a rep by intake, by group.", ["group"])
+LEADS_QUEUED = Counter("leadrouter_leads_queued", "Leads put in the fallback queue by intake, by group.", ["group"])
+LEADS_DUPLICATE = Counter(
+    "leadrouter_leads_duplicate", "Leads answered as a duplicate of an open lead (no rotation turn).", ["group"]
+)
+ROUTING_BUSY = Counter(
+    "leadrouter_routing_busy", "Intakes refused with 503 because the rotation row stayed locked.", ["group"]
+)
+ROUTING_SECONDS = Histogram(
+    "leadrouter_routing_duration_seconds",
+    "Time to route one lead: the intake service, its transaction and retries included.",
+    buckets=_FAST_BUCKETS,
+)
+LOCK_WAIT_SECONDS = Histogram(
+    "leadrouter_rotation_lock_wait_seconds",
+    "Time to acquire a group's rotation row lock (SELECT ... FOR NO KEY UPDATE).",
+    buckets=_LOCK_BUCKETS,
+)
+ESCALATIONS = Counter(
+    "leadrouter_escalations", "Escalations of unaccepted leads, by group and outcome.", ["group", "outcome"]
+)
+SLA_BREACHES = Counter("leadrouter_sla_breaches", "Assignments whose SLA passed before acceptance.", ["group"])
+HTTP_SECONDS = Histogram(
+    "leadrouter_http_request_duration_seconds",
+    "HTTP requests by method, view (the URL pattern's name, never the raw path) and status.",
+    ["method", "view", "status"],
+    buckets=_FAST_BUCKETS,
+)
+
+
+def _group(slug: str | None) -> str:
+    return slug or NO_GROUP
+
+
+def lead_received(*, group: str | None) -> None:
+    LEADS_RECEIVED.labels(_group(group)).inc()
+
+
+def intake_finished(*, group: str | None, status: str, duplicate: bool, seconds: float) -> None:
+    """One intake ended: `status` is the lead's status (assigned or queued)."""
+    label = _group(group)
+    if duplicate:
+        LEADS_DUPLICATE.labels(label).inc()
+    elif status == "queued":
+        LEADS_QUEUED.labels(label).inc()
+    else:
+        LEADS_ROUTED.labels(label).inc()
+    ROUTING_SECONDS.observe(seconds)
+
+
+def routing_busy(*, group: str | None) -> None:
+    ROUTING_BUSY.labels(_group(group)).inc()
+
+
+def rotation_lock_waited(seconds: float) -> None:
+    LOCK_WAIT_SECONDS.observe(seconds)
+
+
+def escalation_recorded(*, group: str | None, outcome: str) -> None:
+    """An escalation happened (`outcome`: e.g. "reassigned" or "queued"). Call after commit."""
+    ESCALATIONS.labels(_group(group), outcome).inc()
+
+
+def sla_breach_recorded(*, group: str | None) -> None:
+    SLA_BREACHES.labels(_group(group)).inc()
+
+
+def http_request_observed(*, method: str, view: str, status: int, seconds: float) -> None:
+    HTTP_SECONDS.labels(method, view, str(status)).observe(seconds)
+
+
+class DatabaseGauges(Collector):
+    """Gauges read from the database at scrape time: the fallback queue's depth per group
+    and the assignments past their SLA right now (both served by indexes)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("leadrouter_metrics_database_up", "1 when the scrape-time database gauges were read.")
+        queue = GaugeMetricFamily("leadrouter_queue_depth", "Leads in the fallback queue, by group.", labels=["group"])
+        overdue = GaugeMetricFamily(
+            "leadrouter_sla_overdue_assignments",
+            "Open assignments past their SLA due time and not accepted, by group.",
+            labels=["group"],
+        )
+        try:
+            from django.db.models import Count
+            from django.utils import timezone
+
+            from leads.models import Assignment, Lead, LeadStatus
+
+            now: datetime = timezone.now()
+            queued = (
+                Lead.objects.filter(status=LeadStatus.QUEUED)
+                .order_by()
+                .values_list("group__slug")
+                .annotate(n=Count("id"))
+            )
+            for slug, n in queued:
+                queue.add_metric([_group(slug)], n)
+            late = (
+                Assignment.objects.filter(ended_at__isnull=True, accepted_at__isnull=True, due_at__lt=now)
+                .order_by()
+                .values_list("group__slug")
+                .annotate(n=Count("id"))
+            )
+            for slug, n in late:
+                overdue.add_metric([_group(slug)], n)
+            up.add_metric([], 1)
+        except Exception:
+            logger.warning("metrics: database gauges unavailable", exc_info=True)
+            up.add_metric([], 0)
+            yield up
+            return
+        yield up
+        yield queue
+        yield overdue
+
+
+_database_registry = CollectorRegistry(auto_describe=False)
+_database_registry.register(DatabaseGauges())
+
+
+def exposition() -> bytes:
+    """The text a scrape gets: every process's samples, then the database gauges."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        process_part = generate_latest(registry)
+    else:
+        process_part = generate_latest(REGISTRY)
+    return process_part + generate_latest(_database_registry)
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """GET /metrics: Prometheus text format, no authentication (SPEC 6)."""
+    return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,72 @@
+"""Structured logs: JSON lines with request ids; one access line per API request; no contact data."""
+
+import json
+import logging
+
+import pytest
+
+from routing_project.logging import JsonFormatter, RequestIdFilter, request_id_var
+
+
+def test_json_formatter_writes_one_object_with_request_id_and_extra_fields():
+    token = request_id_var.set("req-123")
+    try:
+        record = logging.LogRecord("x.y", logging.INFO, __file__, 1, "routed %s", ("lead 7",), None)
+        record.status = 201
+        RequestIdFilter().filter(record)
+        line = JsonFormatter().format(record)
+    finally:
+        request_id_var.reset(token)
+    assert "\n" not in line
+    out = json.loads(line)
+    assert out["message"] == "routed lead 7"
+    assert out["level"] == "INFO" and out["logger"] == "x.y"
+    assert out["request_id"] == "req-123"
+    assert out["status"] == 201
+    assert out["ts"].endswith("+00:00")
+
+
+def test_json_formatter_includes_the_exception():
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    out = json.loads(JsonFormatter().format(record))
+    assert "ValueError: boom" in out["exc"]
+
+
+@pytest.mark.django_db
+def test_one_access_line_per_api_request_without_contact_data(make_group, post_lead, caplog):
+    group, _ = make_group(2)
+    caplog.set_level(logging.INFO, logger="routing_project.access")
+    caplog.handler.addFilter(RequestIdFilter())  # as the console handler does, at emit time
+    response = post_lead(
+        group=group.slug,
+        email="secret.person@customer.example",
+        phone="+33 6 12 34 56 78",
+        first_name="Secretname",
+        headers={"X-Request-ID": "trace-42"},
+    )
+    assert response.status_code == 201
+    access = [r for r in caplog.records if r.name == "routing_project.access"]
+    assert len(access) == 1
+    record = access[0]
+    assert record.method == "POST"
+    assert record.path == "/api/v1/leads/"
+    assert record.status == 201
+    assert record.duration_ms > 0
+    assert record.client.startswith("client-")
+    assert json.loads(JsonFormatter().format(record))["request_id"] == "trace-42"
+    for rec in caplog.records:
+        text = JsonFormatter().format(rec)
+        assert "secret.person" not in text and "12 34 56" not in text and "Secretname" not in text
+
+
+@pytest.mark.django_db
+def test_metrics_and_health_are_not_access_logged(client, caplog):
+    caplog.set_level(logging.INFO, logger="routing_project.access")
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/metrics").status_code == 200
+    assert not [r for r in caplog.records if r.name == "routing_project.access"]

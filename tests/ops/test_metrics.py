@@ -1,0 +1,115 @@
+"""GET /metrics: Prometheus text, no authentication, intake counters, lock wait, gauges."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from rest_framework.test import APIClient
+
+from routing_project import metrics
+
+
+def scrape() -> dict[tuple[str, tuple], float]:
+    response = APIClient().get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def value(samples, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.mark.django_db
+def test_metrics_needs_no_token_and_counts_intake_by_group(make_group, post_lead):
+    group, _reps = make_group(3)
+    empty, _ = make_group(0)
+    before = scrape()
+
+    assert post_lead(group=group.slug).status_code == 201
+    assert post_lead(group=group.slug).status_code == 201
+    assert post_lead(group=group.slug, email="dup@customer.example").status_code == 201
+    assert post_lead(group=group.slug, email="dup@customer.example").status_code == 200  # duplicate
+    assert post_lead(group=empty.slug).json()["status"] == "queued"
+
+    after = scrape()
+    g = group.slug
+    assert (
+        value(after, "leadrouter_leads_received_total", group=g)
+        - value(before, "leadrouter_leads_received_total", group=g)
+        == 4
+    )
+    assert (
+        value(after, "leadrouter_leads_routed_total", group=g) - value(before, "leadrouter_leads_routed_total", group=g)
+        == 3
+    )
+    assert (
+        value(after, "leadrouter_leads_duplicate_total", group=g)
+        - value(before, "leadrouter_leads_duplicate_total", group=g)
+        == 1
+    )
+    e = empty.slug
+    assert (
+        value(after, "leadrouter_leads_queued_total", group=e) - value(before, "leadrouter_leads_queued_total", group=e)
+        == 1
+    )
+    # Every routed or queued lead took its group's rotation lock once; duplicates took none.
+    lock_count = "leadrouter_rotation_lock_wait_seconds_count"
+    assert value(after, lock_count) - value(before, lock_count) == 4
+    routing_count = "leadrouter_routing_duration_seconds_count"
+    assert value(after, routing_count) - value(before, routing_count) == 5
+    # Scrape-time gauges, read from the database.
+    assert value(after, "leadrouter_metrics_database_up") == 1
+    assert value(after, "leadrouter_queue_depth", group=e) == 1
+    # The HTTP histogram is labelled by the URL pattern's name, never by the raw path.
+    name = "leadrouter_http_request_duration_seconds_count"
+    assert value(after, name, method="POST", view="lead-list", status="201") >= 3
+
+
+@pytest.mark.django_db
+def test_escalation_and_sla_breach_counters_are_exposed():
+    before = scrape()
+    metrics.escalation_recorded(group="emea", outcome="reassigned")
+    metrics.sla_breach_recorded(group="emea")
+    after = scrape()
+    name = "leadrouter_escalations_total"
+    assert (
+        value(after, name, group="emea", outcome="reassigned") - value(before, name, group="emea", outcome="reassigned")
+        == 1
+    )
+    name = "leadrouter_sla_breaches_total"
+    assert value(after, name, group="emea") - value(before, name, group="emea") == 1
+
+
+def test_multiprocess_mode_sums_the_samples_of_every_process(tmp_path):
+    """Under gunicorn each worker writes its own samples; a scrape in any worker sees them all."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    write = textwrap.dedent(
+        """
+        from routing_project import metrics
+        metrics.lead_received(group="hot")
+        metrics.rotation_lock_waited(0.002)
+        """
+    )
+    for _ in range(2):  # two "workers"
+        subprocess.run([sys.executable, "-c", write], env=env, check=True, cwd=os.getcwd())
+    read = textwrap.dedent(
+        """
+        from routing_project import metrics
+        print(metrics.exposition().decode())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", read], env=env, check=True, capture_output=True, text=True).stdout
+    samples = {}
+    for family in text_string_to_metric_families(out):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert value(samples, "leadrouter_leads_received_total", group="hot") == 2
+    assert value(samples, "leadrouter_rotation_lock_wait_seconds_count") == 2
