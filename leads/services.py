@@ -21,7 +21,7 @@ from rotation.models import Group, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
 from routing_project import metrics
 
-from . import routing
+from . import routing, scheduling
 from .models import DEDUP_STATUSES, ApiClient, Assignment, IdempotencyRecord, Lead, LeadStatus
 
 logger = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ def _intake_locked(
         )
     ]
     if decision is not None and decision.rep_id is not None and state is not None:
-        Assignment.objects.create(
+        assignment = Assignment.objects.create(
             lead=lead,
             rep_id=decision.rep_id,
             group=group,
@@ -326,6 +326,8 @@ def _intake_locked(
             started_at=now,
             due_at=lead.sla_due_at,
         )
+        # The SLA timer, published after commit; never blocks intake (the sweep catches up).
+        scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=lead.sla_due_at)
         routing.advance(state, decision)
         explanation.update({"reason": Assignment.Reason.ROTATION, "attempt": 1, "sla_due_at": _iso(lead.sla_due_at)})
         events.append(

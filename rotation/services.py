@@ -16,6 +16,7 @@ from django.db.models import Max, Model
 from audit.models import AuditEvent
 from audit.services import audit_record
 
+from .hooks import capacity_freed
 from .models import Absence, Group, Membership, Rep, RotationState, RoutingRule
 
 
@@ -33,6 +34,10 @@ def _values(obj: Model, fields: Iterable[str]) -> dict[str, Any]:
 
 def _field_names(obj: Model) -> list[str]:
     return [f.attname for f in obj._meta.concrete_fields if f.attname not in ("created_at", "updated_at", "joined_at")]
+
+
+# Membership fields whose change can let a member take more leads.
+FREES_CAPACITY = frozenset({"active", "max_open", "max_per_day", "weight"})
 
 
 # --- groups ----------------------------------------------------------------------------------
@@ -55,6 +60,8 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
     group.full_clean()
     group.save()
     RotationState.objects.get_or_create(group=group)
+    if group.active and (created or changed is None or "active" in changed):
+        capacity_freed(group_ids=[group.pk])  # a group (re)activated routes its queued leads
     fields = _field_names(group) if created else list(changed or _field_names(group))
     audit_record(
         type=AuditEvent.Type.GROUP_CHANGED,
@@ -80,6 +87,9 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
     created = rep.pk is None
     rep.full_clean()
     rep.save()
+    if rep.active and not created and (changed is None or "active" in changed):
+        # A rep re-activated takes leads again: drain its groups' queues after commit.
+        capacity_freed(group_ids=Membership.objects.filter(rep=rep).values_list("group_id", flat=True))
     fields = [f for f in (_field_names(rep) if created else list(changed or _field_names(rep))) if f != "email"]
     audit_record(
         type=AuditEvent.Type.REP_CHANGED,
@@ -109,6 +119,7 @@ def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None =
         position = next_position(group)
     membership = Membership(group=group, rep=rep, position=position, **fields)
     membership.save()
+    capacity_freed(group_ids=[group.pk])  # a joiner can take queued leads
     audit_record(
         type=AuditEvent.Type.MEMBERSHIP_CHANGED,
         actor=actor,
@@ -122,7 +133,12 @@ def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None =
 @transaction.atomic
 def membership_update(*, membership: Membership, actor: str, changed: Iterable[str]) -> Membership:
     changed = [c for c in changed if c not in ("group", "rep", "group_id", "rep_id")]
+    if "active" in changed and membership.active:
+        # Un-paused (by hand, or after an auto-pause): the miss count starts again.
+        membership.paused_reason, membership.consecutive_misses = "", 0
     membership.save()
+    if membership.active and FREES_CAPACITY.intersection(changed):
+        capacity_freed(group_ids=[membership.group_id])  # un-paused or a cap raised: drain the queue
     audit_record(
         type=AuditEvent.Type.MEMBERSHIP_CHANGED,
         actor=actor,
@@ -167,6 +183,8 @@ def absence_add(*, absence: Absence, actor: str) -> Absence:
 def absence_remove(*, absence: Absence, actor: str) -> None:
     rep_id, absence_id = absence.rep_id, absence.pk
     absence.delete()
+    # Back from out of office: drain the queues of the rep's groups after commit.
+    capacity_freed(group_ids=Membership.objects.filter(rep_id=rep_id).values_list("group_id", flat=True))
     audit_record(
         type=AuditEvent.Type.ABSENCE_CHANGED,
         actor=actor,

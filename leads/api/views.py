@@ -22,6 +22,7 @@ from leads.routing import RoutingBusy
 from rotation.models import Group
 from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
 
+from .action_views import ACTION_SCOPES, LeadActionsMixin
 from .auth import actor_of
 from .serializers import AuditEventSerializer, LeadInSerializer, LeadSerializer
 
@@ -58,10 +59,16 @@ def render_lead(lead: Lead, duplicate_of: int | None) -> bytes:
     return JSONRenderer().render(LeadSerializer(lead, context={"duplicate_of": duplicate_of}).data)
 
 
-class LeadViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = LeadSerializer
     filterset_class = LeadFilter
-    required_scopes = {"create": "intake", "list": "read", "retrieve": "read", "events": "read"}
+    required_scopes = {
+        "create": "intake",
+        "list": "read",
+        "retrieve": "read",
+        "events": "read",
+        **ACTION_SCOPES,
+    }
 
     def get_queryset(self) -> QuerySet[Lead]:
         return Lead.objects.select_related("group", "owner").order_by("-id")

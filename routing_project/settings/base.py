@@ -7,6 +7,7 @@ uses a broker that needs no server (kombu's filesystem transport).
 """
 
 from pathlib import Path
+from typing import Any
 
 import environ
 
@@ -38,6 +39,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "routing_project.middleware.RequestIdMiddleware",
+    "routing_project.middleware.AccessLogMiddleware",
     "routing_project.middleware.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -218,15 +220,21 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"request_id": {"()": "routing_project.logging.RequestIdFilter"}},
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+        "json": {"()": "routing_project.logging.JsonFormatter"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["request_id"]},
+        # LOG_FORMAT=json: one JSON object per line, for log shippers (production's default).
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": env("LOG_FORMAT", default="plain"),
+            "filters": ["request_id"],
+        },
     },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},

@@ -1,0 +1,703 @@
+"""What happens to a lead after intake: escalation, accept, reassign, reroute, close, edit, and
+the fallback queue's drain. Each is one short transaction through the routing steps of
+`leads/routing.py`, and each writes its audit event with an explanation.
+
+Lock order, as everywhere: the group's rotation row, then the lead row. Whatever is read to
+decide (the open assignment, eligibility, caps) is read *after* both locks, so a decision is
+never made from a stale snapshot: an accept that commits just before its timer fires wins,
+and a timer delivered twice (or the timer and the sweep together) escalates once.
+Accept, close and edit change no rotation state and take only the lead row's lock.
+
+Side effects (SLA timers, queue drains) are published after commit (`leads/scheduling.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from audit.services import Event, audit_record_many
+from rotation.eligibility import MemberFacts, eligibility
+from rotation.models import Group, Membership, Rep, RotationState
+
+from . import routing, scheduling
+from .models import OPEN_STATUSES, Assignment, Lead, LeadStatus
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+LEAD_ROUTING_FIELDS = [
+    "status",
+    "owner",
+    "group",
+    "assigned_at",
+    "accepted_at",
+    "sla_due_at",
+    "queue_reason",
+    "escalations",
+    "closed_at",
+    "outcome",
+]
+CONTACT_FIELDS = ("email", "first_name", "last_name", "company", "phone")
+
+
+class LeadConflict(Exception):
+    """The lead is not in a state that allows the action (409)."""
+
+
+class ActionRejected(Exception):
+    """The request names something that cannot be used (400), e.g. an unknown rep."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+@dataclass
+class EscalationResult:
+    outcome: str  # "escalated", "queued", "not_due", "done" (nothing left to do), "skipped", "gone"
+    due_at: datetime | None = None
+    lead_id: int | None = None
+
+
+# --- the transaction and the locks -----------------------------------------------------------
+
+
+def _in_transaction(fn: Callable[[], T]) -> T:
+    """Runs `fn` in one transaction with the routing lock timeout; retries deadlocks and
+    serialization failures like intake does; a lock held too long is RoutingBusy (503)."""
+    attempts = settings.ROUTING_MAX_RETRIES + 1
+    for attempt in range(attempts):
+        try:
+            with transaction.atomic():
+                routing.set_lock_timeout()
+                return fn()
+        except Exception as exc:
+            if routing.is_lock_timeout(exc):
+                raise routing.RoutingBusy() from exc
+            if routing.is_retryable(exc) and attempt + 1 < attempts:
+                logger.warning("lead action transaction retried after %s", routing.sqlstate(exc))
+                time.sleep(0.01 * (attempt + 1))
+                continue
+            raise
+    raise routing.RoutingBusy()
+
+
+def _lock_lead(lead_id: int, *, skip_locked: bool = False) -> Lead | None:
+    """The lead's row lock (always taken after any rotation row lock)."""
+    qs = Lead.objects.select_for_update(of=("self",), skip_locked=skip_locked).select_related("group", "owner")
+    return qs.filter(pk=lead_id).first()
+
+
+def _lock_lead_and_group(lead_id: int) -> tuple[Lead, RotationState | None]:
+    """The rotation row of the lead's group, then the lead row: the one lock order.
+
+    The group is read before the lock; if a concurrent reroute moved the lead meanwhile, the
+    lead's new group is locked too (rare; a deadlock there is detected and retried)."""
+    for _ in range(3):
+        row = Lead.objects.filter(pk=lead_id).values_list("group_id", flat=True)
+        if not row:
+            raise Lead.DoesNotExist(f"no lead {lead_id}")
+        group_id = row[0]
+        state = routing.lock_rotation(group_id) if group_id is not None else None
+        lead = _lock_lead(lead_id)
+        if lead is None:
+            raise Lead.DoesNotExist(f"no lead {lead_id}")
+        if lead.group_id == group_id:
+            return lead, state
+    raise routing.RoutingBusy()
+
+
+def _open_assignment(lead: Lead) -> Assignment | None:
+    # Assignments of a lead are only written under its row lock: read after taking it.
+    return Assignment.objects.filter(lead=lead, ended_at__isnull=True).first()
+
+
+def _end(assignment: Assignment | None, now: datetime, reason: str) -> None:
+    if assignment is None:
+        return
+    assignment.ended_at = now
+    assignment.end_reason = reason
+    assignment.save(update_fields=["ended_at", "end_reason"])
+
+
+def _assign(
+    lead: Lead, *, rep_id: int, group: Group | None, reason: str, now: datetime, over_cap: bool = False
+) -> Assignment:
+    """A new open assignment and the lead's new owner; its SLA timer is published on commit."""
+    due = routing.sla_due(group, now) if group is not None else None
+    last = Assignment.objects.filter(lead=lead).order_by("-attempt").values_list("attempt", flat=True).first()
+    assignment = Assignment.objects.create(
+        lead=lead,
+        rep_id=rep_id,
+        group=group,
+        attempt=(last or 0) + 1,
+        reason=reason,
+        started_at=now,
+        due_at=due,
+        over_cap=over_cap,
+    )
+    lead.status, lead.owner_id = LeadStatus.ASSIGNED, rep_id
+    lead.assigned_at, lead.accepted_at, lead.sla_due_at, lead.queue_reason = now, None, due, ""
+    scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=due)
+    return assignment
+
+
+def _queue(lead: Lead, reason: str) -> None:
+    lead.status, lead.owner_id, lead.queue_reason, lead.sla_due_at = LeadStatus.QUEUED, None, reason, None
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _facts_of(facts: Iterable[MemberFacts], rep_id: int) -> MemberFacts | None:
+    return next((f for f in facts if f.rep_id == rep_id), None)
+
+
+# --- escalation ------------------------------------------------------------------------------
+
+
+def lead_escalate(*, assignment_id: int, actor: str = "system:sla", skip_locked: bool = False) -> EscalationResult:
+    """Escalates one assignment if, under the locks, it is still open, unaccepted and due.
+
+    Safe to run any number of times, from the timer and the sweep at once: the first run ends
+    the assignment; every later run finds it ended and does nothing. `skip_locked` (the sweep)
+    passes over a lead another transaction is working on; the next sweep looks again.
+    """
+    return _in_transaction(lambda: _escalate_locked(assignment_id, actor, skip_locked))
+
+
+def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> EscalationResult:
+    row = Assignment.objects.filter(pk=assignment_id).values_list("lead_id", "group_id").first()
+    if row is None:
+        return EscalationResult("gone")
+    lead_id, group_id = row
+    state = routing.lock_rotation(group_id) if group_id is not None else None
+    lead = _lock_lead(lead_id, skip_locked=skip_locked)
+    if lead is None:
+        return EscalationResult("skipped", lead_id=lead_id)
+    assignment = Assignment.objects.get(pk=assignment_id)  # the truth, read under the locks
+    if assignment.ended_at is not None or assignment.accepted_at is not None or assignment.due_at is None:
+        return EscalationResult("done", lead_id=lead_id)
+    now = timezone.now()
+    if assignment.due_at > now:
+        return EscalationResult("not_due", due_at=assignment.due_at, lead_id=lead_id)
+    assert state is not None  # an assignment with a due time belongs to a group
+    group = state.group
+
+    _end(assignment, now, "sla_missed")
+    missed_rep = assignment.rep_id
+    events: list[Event] = []
+    paused = _count_miss(group, missed_rep, lead.id, actor, events)
+    attempts = Assignment.objects.filter(lead=lead, group=group).count()
+    had = set(Assignment.objects.filter(lead=lead).values_list("rep_id", flat=True))
+    explanation: dict[str, Any] = {
+        "group": group.slug,
+        "strategy": group.strategy,
+        "from_rep": missed_rep,
+        "missed_attempt": assignment.attempt,
+        "missed_due_at": _iso(assignment.due_at),
+        "late_by_s": round((now - assignment.due_at).total_seconds(), 3),
+        "attempts_in_group": attempts,
+        "max_attempts": group.max_attempts,
+        "excluded": sorted(had),
+        "trigger": "sweep" if actor == "system:sweep" else "timer",
+    }
+    if paused:
+        explanation["auto_paused"] = missed_rep
+    lead.escalations += 1
+    new_rep: int | None = None
+    if not group.active:
+        _queue(lead, f"SLA missed and group '{group.slug}' is inactive")
+    elif attempts >= group.max_attempts:
+        _queue(lead, f"SLA missed {attempts} times; max_attempts ({group.max_attempts}) reached in '{group.slug}'")
+    else:
+        facts = routing.member_facts(group, now)
+        decision = routing.decide(
+            strategy=group.strategy,
+            pointer=state.pointer,
+            current_weights=state.current_weights or {},
+            facts=facts,
+            now=now,
+            exclude=had,
+        )
+        explanation.update(decision.explanation())
+        if decision.rep_id is None:
+            _queue(lead, f"SLA missed; no eligible rep in '{group.slug}' who has not had this lead")
+        else:
+            new = _assign(lead, rep_id=decision.rep_id, group=group, reason=Assignment.Reason.ESCALATION, now=now)
+            routing.advance(state, decision)
+            new_rep = decision.rep_id
+            explanation.update({"to_rep": new_rep, "attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
+    if new_rep is None:
+        explanation.update({"to_rep": None, "queued": True, "queue_reason": lead.queue_reason})
+    lead.save(update_fields=LEAD_ROUTING_FIELDS)
+    events.insert(0, Event(AuditEvent.Type.LEAD_ESCALATED, actor, lead.id, group.slug, new_rep, explanation))
+    audit_record_many(events=events)
+    # The rep who missed has one open lead fewer: under a max_open cap that frees capacity.
+    scheduling.drain_schedule_on_commit(group_ids=[group.id])
+    logger.info("lead %s escalated from rep %s to %s", lead.id, missed_rep, new_rep or "the queue")
+    return EscalationResult("escalated" if new_rep else "queued", lead_id=lead.id)
+
+
+def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: list[Event]) -> bool:
+    """Counts a consecutive SLA miss; pauses the member at the group's threshold (if set)."""
+    member = Membership.objects.select_for_update().filter(group=group, rep_id=rep_id).first()
+    if member is None:
+        return False
+    member.consecutive_misses += 1
+    fields = ["consecutive_misses"]
+    threshold = group.auto_pause_after_misses
+    paused = bool(threshold) and member.active and member.consecutive_misses >= (threshold or 0)
+    if paused:
+        member.active = False
+        member.paused_reason = f"auto-paused after {member.consecutive_misses} consecutive SLA misses"
+        fields += ["active", "paused_reason"]
+    member.save(update_fields=fields)
+    if paused:
+        events.append(
+            Event(
+                AuditEvent.Type.MEMBERSHIP_CHANGED,
+                actor,
+                None,
+                group.slug,
+                rep_id,
+                {
+                    "action": "auto_paused",
+                    "consecutive_misses": member.consecutive_misses,
+                    "auto_pause_after_misses": threshold,
+                    "last_missed_lead": lead_id,
+                    "changes": {"active": False, "paused_reason": member.paused_reason},
+                },
+            )
+        )
+    return paused
+
+
+def escalation_sweep(*, batch: int | None = None, now: datetime | None = None) -> dict[str, int]:
+    """The safety net: escalates every overdue, open, unaccepted assignment (timer lost,
+    broker down, worker killed). The scan uses the partial index `assignment_open_due_idx`;
+    each escalation then locks in the usual order and skips leads another transaction holds
+    (SKIP LOCKED): the timer or another sweep is already on it, and the next sweep looks again.
+    """
+    now = now or timezone.now()
+    limit = batch or settings.ESCALATION_SWEEP_BATCH
+    ids = list(
+        Assignment.objects.filter(
+            ended_at__isnull=True, accepted_at__isnull=True, due_at__isnull=False, due_at__lte=now
+        )
+        .order_by("due_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    tally: dict[str, int] = {}
+    for assignment_id in ids:
+        try:
+            outcome = lead_escalate(assignment_id=assignment_id, actor="system:sweep", skip_locked=True).outcome
+        except routing.RoutingBusy:
+            outcome = "busy"
+        tally[outcome] = tally.get(outcome, 0) + 1
+    return tally
+
+
+def escalation_arm(*, now: datetime | None = None) -> int:
+    """Publishes the timers of assignments that have come within the timer horizon.
+
+    Runs every `ESCALATION_ARM_EVERY_S`; its window (horizon - period - overlap, horizon]
+    meets the previous run's, so every assignment is published once or twice (harmless:
+    escalation is idempotent) and never more than a horizon ahead of its due time. At most
+    `ESCALATION_ARM_MAX` per run: what a worker holds in memory stays bounded.
+    """
+    now = now or timezone.now()
+    horizon = settings.ESCALATION_TIMER_HORIZON_S
+    low = now + timedelta(seconds=horizon - settings.ESCALATION_ARM_EVERY_S - settings.ESCALATION_ARM_OVERLAP_S)
+    high = now + timedelta(seconds=horizon)
+    rows = (
+        Assignment.objects.filter(
+            ended_at__isnull=True, accepted_at__isnull=True, due_at__gt=max(low, now), due_at__lte=high
+        )
+        .order_by("due_at")
+        .values_list("id", "due_at")[: settings.ESCALATION_ARM_MAX]
+    )
+    published = 0
+    for assignment_id, due_at in rows:
+        if due_at is None:
+            continue
+        if not scheduling.timer_publish(assignment_id=assignment_id, due_at=due_at):
+            break  # the broker is down: the sweep escalates these on time anyway
+        published += 1
+    return published
+
+
+# --- the manager's actions -------------------------------------------------------------------
+
+
+def lead_accept(*, lead_id: int, rep_id: int, actor: str) -> Lead:
+    """The owner accepts: the SLA stops. 409 when `rep_id` is not the current owner (the
+    lead escalated first, was moved, or is queued or closed). Accepting twice is a no-op."""
+
+    def body() -> Lead:
+        lead = _lock_lead(lead_id)
+        if lead is None:
+            raise Lead.DoesNotExist(f"no lead {lead_id}")
+        if lead.status not in OPEN_STATUSES or lead.owner_id != rep_id:
+            raise LeadConflict(f"Rep {rep_id} is not the current owner of lead {lead_id} (status '{lead.status}').")
+        if lead.status == LeadStatus.ACCEPTED:
+            return lead
+        now = timezone.now()
+        assignment = _open_assignment(lead)
+        if assignment is not None:
+            assignment.accepted_at = now
+            assignment.save(update_fields=["accepted_at"])
+        lead.status, lead.accepted_at = LeadStatus.ACCEPTED, now
+        lead.save(update_fields=["status", "accepted_at"])
+        if lead.group_id is not None:
+            Membership.objects.filter(group_id=lead.group_id, rep_id=rep_id).update(consecutive_misses=0)
+        due = assignment.due_at if assignment else None
+        audit_record_many(
+            events=[
+                Event(
+                    AuditEvent.Type.LEAD_ACCEPTED,
+                    actor,
+                    lead.id,
+                    lead.group.slug if lead.group else "",
+                    rep_id,
+                    {
+                        "attempt": assignment.attempt if assignment else None,
+                        "sla_due_at": _iso(due),
+                        "seconds_before_due": round((due - now).total_seconds(), 3) if due else None,
+                    },
+                )
+            ]
+        )
+        return lead
+
+    return _in_transaction(body)
+
+
+def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str) -> Lead:
+    """A manager gives the lead to a rep by hand. The pointer does not move; the assignment
+    counts toward the rep's daily count; a cap may be exceeded, and the audit says so."""
+    rep = Rep.objects.filter(pk=rep_id).first()
+    if rep is None:
+        raise ActionRejected({"rep": [f"No rep with id {rep_id}."]})
+    if not rep.active:
+        raise ActionRejected({"rep": [f"Rep {rep_id} is inactive."]})
+
+    def body() -> Lead:
+        lead, state = _lock_lead_and_group(lead_id)
+        if lead.status == LeadStatus.CLOSED:
+            raise LeadConflict(f"Lead {lead_id} is closed.")
+        if lead.status in OPEN_STATUSES and lead.owner_id == rep_id:
+            raise LeadConflict(f"Rep {rep_id} already owns lead {lead_id}.")
+        now = timezone.now()
+        group = state.group if state is not None else None
+        facts = _facts_of(routing.member_facts(group, now, with_counts=True), rep_id) if group else None
+        caps: dict[str, Any] = {}
+        over_cap = False
+        eligible, why = (True, "") if facts is None else eligibility(facts, now)
+        if facts is not None:
+            caps = {
+                "open": facts.open,
+                "max_open": facts.max_open,
+                "assigned_today": facts.assigned_today,
+                "max_per_day": facts.max_per_day,
+            }
+            over_open = facts.max_open is not None and facts.open >= facts.max_open
+            over_day = facts.max_per_day is not None and facts.assigned_today >= facts.max_per_day
+            over_cap = over_open or over_day
+            caps["exceeded"] = [name for name, hit in (("max_open", over_open), ("max_per_day", over_day)) if hit]
+        previous = _open_assignment(lead)
+        from_rep = previous.rep_id if previous else None
+        _end(previous, now, "reassigned")
+        new = _assign(lead, rep_id=rep_id, group=group, reason=Assignment.Reason.MANUAL, now=now, over_cap=over_cap)
+        lead.save(update_fields=LEAD_ROUTING_FIELDS)
+        explanation = {
+            "reason": reason,
+            "from_rep": from_rep,
+            "to_rep": rep_id,
+            "attempt": new.attempt,
+            "member_of_group": facts is not None,
+            "eligible_now": eligible,
+            "not_eligible_because": why or None,
+            "over_cap": over_cap,
+            "caps": caps,
+            "pointer": state.pointer if state else None,
+            "pointer_moved": False,
+            "sla_due_at": _iso(new.due_at),
+        }
+        audit_record_many(
+            events=[
+                Event(
+                    AuditEvent.Type.LEAD_REASSIGNED,
+                    actor,
+                    lead.id,
+                    group.slug if group else "",
+                    rep_id,
+                    explanation,
+                )
+            ]
+        )
+        if from_rep is not None:
+            scheduling.drain_schedule_on_commit(group_ids=[lead.group_id])
+        return lead
+
+    return _in_transaction(body)
+
+
+def _lead_data(lead: Lead) -> dict[str, Any]:
+    fields = ("email", "country", "region", "source", "product", "score", "company_size", "external_id")
+    data: dict[str, Any] = {f: getattr(lead, f) for f in fields}
+    data["attributes"] = lead.attributes or {}
+    return data
+
+
+def lead_reroute(*, lead_id: int, actor: str) -> Lead:
+    """Runs the rules and the rotation again (e.g. the territory changed): audited, and the
+    only way a lead moves between groups."""
+    from .services import lead_resolve_group  # intake's resolution, evaluated before any lock
+
+    current = Lead.objects.filter(pk=lead_id).first()
+    if current is None:
+        raise Lead.DoesNotExist(f"no lead {lead_id}")
+    if current.status == LeadStatus.CLOSED:
+        raise LeadConflict(f"Lead {lead_id} is closed.")
+    requested = Group.objects.filter(slug=current.requested_group).first() if current.requested_group else None
+    resolution = lead_resolve_group(data=_lead_data(current), requested=requested)
+
+    def body() -> Lead:
+        target = resolution.group
+        # The lock: the target group's rotation row, then the lead.
+        state = routing.lock_rotation(target.id) if target is not None else None
+        lead = _lock_lead(lead_id)
+        if lead is None:
+            raise Lead.DoesNotExist(f"no lead {lead_id}")
+        if lead.status == LeadStatus.CLOSED:
+            raise LeadConflict(f"Lead {lead_id} is closed.")
+        now = timezone.now()
+        from_group = lead.group
+        previous = _open_assignment(lead)
+        _end(previous, now, "rerouted")
+        explanation: dict[str, Any] = {
+            **resolution.explanation(),
+            "from_group": from_group.slug if from_group else None,
+            "from_rep": previous.rep_id if previous else None,
+            "from_status": lead.status,
+        }
+        group = state.group if state is not None else None
+        lead.group = group
+        new_rep: int | None = None
+        if group is None:
+            _queue(lead, "no rule matched and there is no default group")
+        elif not group.active:
+            _queue(lead, f"group '{group.slug}' is inactive")
+        else:
+            assert state is not None
+            facts = routing.member_facts(group, now)
+            decision = routing.decide(
+                strategy=group.strategy,
+                pointer=state.pointer,
+                current_weights=state.current_weights or {},
+                facts=facts,
+                now=now,
+            )
+            explanation.update({"group": group.slug, "strategy": group.strategy, **decision.explanation()})
+            if decision.rep_id is None:
+                _queue(lead, f"no eligible rep in group '{group.slug}'" if facts else f"'{group.slug}' has no members")
+            else:
+                new = _assign(lead, rep_id=decision.rep_id, group=group, reason=Assignment.Reason.REROUTE, now=now)
+                routing.advance(state, decision)
+                new_rep = decision.rep_id
+                explanation.update({"attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
+        explanation.update({"to_rep": new_rep, "queue_reason": lead.queue_reason or None})
+        lead.save(update_fields=LEAD_ROUTING_FIELDS)
+        audit_record_many(
+            events=[
+                Event(AuditEvent.Type.LEAD_REROUTED, actor, lead.id, group.slug if group else "", new_rep, explanation)
+            ]
+        )
+        if previous is not None and from_group is not None:
+            scheduling.drain_schedule_on_commit(group_ids=[from_group.id])
+        return lead
+
+    return _in_transaction(body)
+
+
+def lead_close(*, lead_id: int, outcome: str, actor: str) -> Lead:
+    """Closes the lead with an outcome; an open lead's rep gets the capacity back."""
+    if outcome not in Lead.Outcome.values:
+        raise ActionRejected({"outcome": [f"Must be one of: {', '.join(Lead.Outcome.values)}."]})
+
+    def body() -> Lead:
+        lead = _lock_lead(lead_id)
+        if lead is None:
+            raise Lead.DoesNotExist(f"no lead {lead_id}")
+        if lead.status == LeadStatus.CLOSED:
+            raise LeadConflict(f"Lead {lead_id} is already closed ({lead.outcome}).")
+        now = timezone.now()
+        was = lead.status
+        previous = _open_assignment(lead)
+        _end(previous, now, "closed")
+        lead.status, lead.outcome, lead.closed_at, lead.queue_reason = LeadStatus.CLOSED, outcome, now, ""
+        lead.save(update_fields=LEAD_ROUTING_FIELDS)
+        audit_record_many(
+            events=[
+                Event(
+                    AuditEvent.Type.LEAD_CLOSED,
+                    actor,
+                    lead.id,
+                    lead.group.slug if lead.group else "",
+                    lead.owner_id,
+                    {"outcome": outcome, "from_status": was, "attempt": previous.attempt if previous else None},
+                )
+            ]
+        )
+        if was in OPEN_STATUSES:
+            scheduling.drain_schedule_on_commit(group_ids=[lead.group_id])
+        return lead
+
+    return _in_transaction(body)
+
+
+def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead:
+    """Edits contact fields. Never moves the lead (a reroute does that, explicitly)."""
+    unknown = sorted(set(changes) - set(CONTACT_FIELDS))
+    if unknown:
+        raise ActionRejected({name: ["Not a contact field; only these can be edited here."] for name in unknown})
+
+    def body() -> Lead:
+        from .services import normalize_email
+
+        lead = _lock_lead(lead_id)
+        if lead is None:
+            raise Lead.DoesNotExist(f"no lead {lead_id}")
+        changed = [name for name, value in changes.items() if getattr(lead, name) != value]
+        if not changed:
+            return lead
+        for name in changed:
+            setattr(lead, name, changes[name])
+        fields = list(changed)
+        if "email" in changed:
+            lead.email_normalized = normalize_email(lead.email)
+            fields.append("email_normalized")
+        lead.save(update_fields=fields)
+        # Field names only: contact values stay in the lead row, not in the trail.
+        audit_record_many(
+            events=[
+                Event(
+                    AuditEvent.Type.LEAD_CHANGED,
+                    actor,
+                    lead.id,
+                    lead.group.slug if lead.group else "",
+                    lead.owner_id,
+                    {"fields": sorted(changed), "moved": False},
+                )
+            ]
+        )
+        return lead
+
+    return _in_transaction(body)
+
+
+# --- the fallback queue ----------------------------------------------------------------------
+
+
+def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None = None) -> int:
+    """Routes the group's queued leads in arrival order, one locked transaction per lead,
+    until no eligible rep is left (or `limit`). Leads that used up the group's
+    `max_attempts` wait for a manager. Returns how many were assigned."""
+    limit = limit or settings.QUEUE_DRAIN_BATCH
+    passed: set[int] = set()
+    routed = 0
+    while routed + len(passed) < limit:
+        outcome = _in_transaction(lambda: _drain_one(group_id, passed, actor))
+        if outcome == "assigned":
+            routed += 1
+        elif outcome != "skipped":
+            break
+    if routed:
+        logger.info("queue drained: %s leads assigned in group %s", routed, group_id)
+    return routed
+
+
+def _drain_one(group_id: int, passed: set[int], actor: str) -> str:
+    state = routing.lock_rotation(group_id)
+    group = state.group
+    if not group.active:
+        return "inactive"
+    tried = Subquery(
+        Assignment.objects.filter(lead=OuterRef("pk"), group_id=group_id)
+        .values("lead")
+        .annotate(n=Count("id"))
+        .values("n")[:1]
+    )
+    lead = (
+        Lead.objects.select_for_update(of=("self",), skip_locked=True)
+        .alias(tried=tried)
+        .filter(status=LeadStatus.QUEUED, group_id=group_id)
+        .filter(Q(tried__isnull=True) | Q(tried__lt=group.max_attempts))
+        .exclude(pk__in=passed)
+        .order_by("id")
+        .first()
+    )
+    if lead is None:
+        return "empty"
+    now = timezone.now()
+    had = set(Assignment.objects.filter(lead=lead).values_list("rep_id", flat=True))
+    facts = routing.member_facts(group, now)
+    decision = routing.decide(
+        strategy=group.strategy,
+        pointer=state.pointer,
+        current_weights=state.current_weights or {},
+        facts=facts,
+        now=now,
+        exclude=had,
+    )
+    if decision.rep_id is None:
+        if had:  # only reps who already had this lead are free: later leads may still go
+            passed.add(lead.id)
+            return "skipped"
+        return "no_rep"
+    queued_reason = lead.queue_reason
+    new = _assign(lead, rep_id=decision.rep_id, group=group, reason=Assignment.Reason.ROTATION, now=now)
+    routing.advance(state, decision)
+    lead.save(update_fields=LEAD_ROUTING_FIELDS)
+    explanation = {
+        "trigger": "queue_drain",
+        "group": group.slug,
+        "strategy": group.strategy,
+        "queued_because": queued_reason,
+        "queued_for_s": round((now - lead.created_at).total_seconds(), 3),
+        **decision.explanation(),
+        "excluded": sorted(had),
+        "reason": Assignment.Reason.ROTATION,
+        "attempt": new.attempt,
+        "sla_due_at": _iso(new.due_at),
+    }
+    audit_record_many(
+        events=[Event(AuditEvent.Type.LEAD_ASSIGNED, actor, lead.id, group.slug, decision.rep_id, explanation)]
+    )
+    return "assigned"
+
+
+def queue_drain_all(*, actor: str = "system:queue") -> int:
+    """The periodic backstop: drains every group that has queued leads (e.g. an absence
+    that simply ran out, which no write announces)."""
+    group_ids = list(
+        Lead.objects.filter(status=LeadStatus.QUEUED, group__isnull=False, group__active=True)
+        .order_by()
+        .values_list("group_id", flat=True)
+        .distinct()
+    )
+    return sum(queue_drain(group_id=g, actor=actor) for g in group_ids)

@@ -1,0 +1,71 @@
+"""Request bodies of the lead actions (accept, reassign, reroute, close, PATCH)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.validators import ProhibitNullCharactersValidator
+from rest_framework import serializers
+
+from leads.models import Lead
+from rotation.models import Rep
+
+from .serializers import StrictSerializer
+
+
+def _existing_rep(value: int) -> int:
+    if not Rep.objects.filter(pk=value).exists():
+        raise serializers.ValidationError(f"No rep with id {value}.")
+    return value
+
+
+class AcceptSerializer(StrictSerializer):
+    rep = serializers.IntegerField(min_value=1, help_text="The rep accepting: must be the current owner.")
+
+    def validate_rep(self, value: int) -> int:
+        return _existing_rep(value)
+
+
+class ReassignSerializer(StrictSerializer):
+    rep = serializers.IntegerField(min_value=1, help_text="The rep to give the lead to.")
+    reason = serializers.CharField(max_length=500, help_text="Why, for the audit trail (required).")
+
+    def validate_rep(self, value: int) -> int:
+        return _existing_rep(value)
+
+    def validate_reason(self, value: str) -> str:
+        ProhibitNullCharactersValidator()(value)
+        value = value.strip()
+        if not value:
+            raise serializers.ValidationError("A reason is required.")
+        return value
+
+
+class RerouteSerializer(StrictSerializer):
+    """No fields: the rules and the rotation run again on the lead as it is."""
+
+
+class CloseSerializer(StrictSerializer):
+    outcome = serializers.ChoiceField(choices=Lead.Outcome.choices)
+
+
+class LeadPatchSerializer(StrictSerializer):
+    """Contact fields only; anything else (status, owner, group, routing facts) is a 400."""
+
+    email = serializers.EmailField(max_length=254, required=False)
+    first_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    last_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    company = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    phone = serializers.CharField(max_length=40, required=False, allow_blank=True)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs:
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Name at least one contact field: email, first_name, last_name, company, phone."]}
+            )
+        for name, value in attrs.items():
+            if isinstance(value, str) and "\x00" in value:
+                raise serializers.ValidationError({name: ["NUL characters are not allowed."]})
+        if "email" in attrs:
+            attrs["email"] = attrs["email"].strip()
+        return attrs

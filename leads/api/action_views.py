@@ -1,0 +1,123 @@
+"""The lead actions of SPEC 6 (accept, reassign, reroute, close, PATCH), mixed into
+`LeadViewSet`. Each view validates, calls one service of `leads/actions.py`, and returns the
+lead. Scope `manage` (see `LeadViewSet.required_scopes`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from leads import actions
+from leads.models import Lead
+from leads.routing import RoutingBusy
+from routing_project.exceptions import Conflict, ServiceUnavailable
+
+from .action_serializers import (
+    AcceptSerializer,
+    CloseSerializer,
+    LeadPatchSerializer,
+    ReassignSerializer,
+    RerouteSerializer,
+)
+from .auth import actor_of
+from .serializers import LeadSerializer
+
+ERROR = inline_serializer("ActionError", fields={"detail": serializers.CharField()})
+BAD_REQUEST = OpenApiResponse(OpenApiTypes.OBJECT, description="Validation error naming every bad field.")
+ACTION_RESPONSES = {200: LeadSerializer, 400: BAD_REQUEST, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 503: ERROR}
+ACTION_SCOPES = {
+    "accept": "manage",
+    "reassign": "manage",
+    "reroute": "manage",
+    "close": "manage",
+    "partial_update": "manage",
+}
+
+
+def _lead_id(pk: str | None) -> int:
+    try:
+        value = int(pk or "")
+    except ValueError:
+        raise Http404("No such lead.") from None
+    if value < 1 or value > 2**63 - 1:
+        raise Http404("No such lead.")
+    return value
+
+
+class LeadActionsMixin:
+    """Adds the action endpoints to the lead viewset."""
+
+    def _act(self, request: Request, pk: str | None, run: Callable[[int], Lead]) -> Response:
+        lead_id = _lead_id(pk)
+        if not Lead.objects.filter(pk=lead_id).exists():
+            raise Http404("No such lead.")
+        try:
+            lead = run(lead_id)
+        except Lead.DoesNotExist:
+            raise Http404("No such lead.") from None
+        except actions.LeadConflict as exc:
+            raise Conflict(str(exc)) from None
+        except actions.ActionRejected as exc:
+            raise serializers.ValidationError(exc.errors) from None
+        except RoutingBusy:
+            raise ServiceUnavailable("The group's rotation is busy; retry shortly.", retry_after=1) from None
+        fresh = Lead.objects.select_related("group", "owner").get(pk=lead.pk)
+        return Response(LeadSerializer(fresh).data)
+
+    @staticmethod
+    def _valid(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:
+        incoming = serializer_class(data=request.data if request.data is not None else {})
+        incoming.is_valid(raise_exception=True)
+        return dict(incoming.validated_data)
+
+    @extend_schema(request=AcceptSerializer, responses=ACTION_RESPONSES)
+    @action(detail=True, methods=["post"], filterset_class=None, pagination_class=None)
+    def accept(self, request: Request, pk: str | None = None) -> Response:
+        """The owner accepts the lead: escalation stops. 409 when the rep is not the owner."""
+        data = self._valid(AcceptSerializer, request)
+        actor = actor_of(request)
+        return self._act(request, pk, lambda i: actions.lead_accept(lead_id=i, rep_id=data["rep"], actor=actor))
+
+    @extend_schema(request=ReassignSerializer, responses=ACTION_RESPONSES)
+    @action(detail=True, methods=["post"], filterset_class=None, pagination_class=None)
+    def reassign(self, request: Request, pk: str | None = None) -> Response:
+        """Gives the lead to a rep by hand (reason required). The rotation pointer does not
+        move; a cap may be exceeded and the audit event says so."""
+        data = self._valid(ReassignSerializer, request)
+        actor = actor_of(request)
+        return self._act(
+            request,
+            pk,
+            lambda i: actions.lead_reassign(lead_id=i, rep_id=data["rep"], reason=data["reason"], actor=actor),
+        )
+
+    @extend_schema(request=RerouteSerializer, responses=ACTION_RESPONSES)
+    @action(detail=True, methods=["post"], filterset_class=None, pagination_class=None)
+    def reroute(self, request: Request, pk: str | None = None) -> Response:
+        """Runs the routing rules and the rotation again."""
+        self._valid(RerouteSerializer, request)
+        actor = actor_of(request)
+        return self._act(request, pk, lambda i: actions.lead_reroute(lead_id=i, actor=actor))
+
+    @extend_schema(request=CloseSerializer, responses=ACTION_RESPONSES)
+    @action(detail=True, methods=["post"], filterset_class=None, pagination_class=None)
+    def close(self, request: Request, pk: str | None = None) -> Response:
+        """Closes the lead with an outcome; the rep's capacity frees up."""
+        data = self._valid(CloseSerializer, request)
+        actor = actor_of(request)
+        return self._act(request, pk, lambda i: actions.lead_close(lead_id=i, outcome=data["outcome"], actor=actor))
+
+    @extend_schema(request=LeadPatchSerializer, responses=ACTION_RESPONSES)
+    def partial_update(self, request: Request, pk: str | None = None) -> Response:
+        """Edits contact fields. Never moves the lead (reroute does)."""
+        data = self._valid(LeadPatchSerializer, request)
+        actor = actor_of(request)
+        return self._act(request, pk, lambda i: actions.lead_update(lead_id=i, changes=data, actor=actor))

@@ -1,0 +1,68 @@
+"""Celery tasks: thin. They take ids, call one service in `leads/actions.py`, and are safe to
+run twice (the service locks the rotation row, then the lead, and does only the work still
+missing). Late acknowledgement: a worker killed mid-task leaves the message to be delivered
+again, and the beat sweep escalates whatever is overdue in any case.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from celery.app.task import Task
+from django.conf import settings
+from django.db import OperationalError
+
+from . import actions, scheduling
+from .routing import RoutingBusy
+
+logger = logging.getLogger(__name__)
+
+RETRY = {"autoretry_for": (OperationalError,), "retry_backoff": 1, "retry_backoff_max": 30, "max_retries": 5}
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, **RETRY)
+def escalate_assignment(self: Task, assignment_id: int) -> str:
+    """The SLA timer of one assignment."""
+    try:
+        result = actions.lead_escalate(assignment_id=assignment_id, actor="system:sla")
+    except RoutingBusy as exc:
+        raise self.retry(countdown=1, exc=exc) from exc
+    if result.outcome == "not_due" and result.due_at is not None:
+        # Woken early (clock skew between hosts): wait for the stored due time.
+        scheduling.timer_publish(assignment_id=assignment_id, due_at=result.due_at)
+    return result.outcome
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, **RETRY)
+def drain_group(self: Task, group_id: int) -> int:
+    """Routes a group's queued leads now that capacity freed up."""
+    try:
+        routed = actions.queue_drain(group_id=group_id)
+    except RoutingBusy as exc:
+        raise self.retry(countdown=1, exc=exc) from exc
+    if routed >= settings.QUEUE_DRAIN_BATCH:
+        scheduling.publish(scheduling.DRAIN_TASK, args=[group_id])  # more to do: continue in a new task
+    return routed
+
+
+@shared_task(ignore_result=True)
+def escalation_sweep() -> dict[str, int]:
+    """Beat, every few seconds: escalates the overdue assignments whose timer was lost."""
+    tally = actions.escalation_sweep()
+    if tally:
+        logger.info("escalation sweep: %s", tally)
+    return tally
+
+
+@shared_task(ignore_result=True)
+def escalation_arm() -> int:
+    """Beat: publishes the timers of assignments now within the timer horizon."""
+    return actions.escalation_arm()
+
+
+@shared_task(ignore_result=True)
+def queue_drain_sweep() -> int:
+    """Beat: drains every group with queued leads (capacity freed by time alone, e.g. an
+    absence that ran out, is announced by no write)."""
+    return actions.queue_drain_all()

@@ -1,0 +1,42 @@
+"""Callbacks run after commit when a configuration change frees capacity in groups.
+
+`rotation` must not import `leads` (imports run leads -> rotation -> audit), yet a rep coming
+back, un-paused, joining or getting a higher cap must drain the group's fallback queue. The
+leads app registers its drain here at startup (`LeadsConfig.ready`); rotation's services call
+`capacity_freed(...)` inside their transaction, and the callbacks run once it commits.
+No Django signals: the call sites are explicit and greppable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+CapacityCallback = Callable[[list[int]], None]
+_callbacks: list[CapacityCallback] = []
+
+
+def on_capacity_freed(callback: CapacityCallback) -> None:
+    """Registers `callback(group_ids)`; registering the same callback twice is a no-op."""
+    if callback not in _callbacks:
+        _callbacks.append(callback)
+
+
+def capacity_freed(*, group_ids: Iterable[int]) -> None:
+    """Runs the registered callbacks after the current transaction commits (now if none)."""
+    ids = sorted({int(g) for g in group_ids if g is not None})
+    if not ids:
+        return
+
+    def run() -> None:
+        for callback in list(_callbacks):
+            try:
+                callback(ids)
+            except Exception:  # a side effect must never break the change that triggered it
+                logger.exception("capacity_freed callback %s failed", getattr(callback, "__name__", callback))
+
+    transaction.on_commit(run)

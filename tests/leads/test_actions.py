@@ -1,0 +1,272 @@
+"""The lead actions over the API (SPEC 6): accept, reassign, reroute, close, PATCH."""
+
+import pytest
+
+from audit.models import AuditEvent
+from leads.models import Assignment, Lead
+from rotation.models import Membership, RotationState, RoutingRule
+from tests.conftest import lead_body
+from tests.factories import GroupFactory, RepFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def post(api, **fields) -> dict:
+    r = api.post("/api/v1/leads/", lead_body(**fields), format="json")
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def events(lead_id: int, type_: str | None = None) -> list[AuditEvent]:
+    qs = AuditEvent.objects.filter(lead_id=lead_id).order_by("id")
+    return list(qs.filter(type=type_) if type_ else qs)
+
+
+def pointer(group) -> int:
+    return RotationState.objects.get(group=group).pointer
+
+
+# --- accept ----------------------------------------------------------------------------------
+
+
+def test_accept_by_the_owner_stops_escalation(api, make_group):
+    group, reps = make_group(2, slug="emea", sla_minutes="10")
+    lead = post(api, group="emea")
+    r = api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[0].id}, format="json")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["status"] == "accepted" and body["accepted_at"] and body["owner"]["id"] == reps[0].id
+    assignment = Assignment.objects.get(lead_id=lead["id"])
+    assert assignment.accepted_at is not None and assignment.ended_at is None
+    (event,) = events(lead["id"], "lead.accepted")
+    assert event.rep_id == reps[0].id and event.actor.startswith("api:")
+    assert event.explanation["attempt"] == 1 and event.explanation["seconds_before_due"] > 0
+    # Accepting again is a no-op, not a second event.
+    assert api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[0].id}, format="json").status_code == 200
+    assert len(events(lead["id"], "lead.accepted")) == 1
+
+
+def test_accept_by_someone_else_is_a_conflict(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    lead = post(api, group="emea")
+    r = api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[1].id}, format="json")
+    assert r.status_code == 409
+    assert "not the current owner" in r.json()["detail"]
+    assert Lead.objects.get(pk=lead["id"]).status == "assigned"
+    assert not events(lead["id"], "lead.accepted")
+
+
+def test_accept_a_queued_lead_is_a_conflict(api, make_group):
+    group, reps = make_group(1, slug="emea")
+    group.memberships.update(active=False)
+    lead = post(api, group="emea")
+    r = api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[0].id}, format="json")
+    assert r.status_code == 409
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({}, "rep"), ({"rep": 999999}, "rep"), ({"rep": "x"}, "rep"), ({"rep": 1, "extra": 1}, "extra")],
+)
+def test_accept_bad_bodies_are_400_naming_the_field(api, make_group, body, field):
+    group, reps = make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    if body.get("rep") == 1:
+        body["rep"] = reps[0].id
+    r = api.post(f"/api/v1/leads/{lead['id']}/accept/", body, format="json")
+    assert r.status_code == 400, r.content
+    assert field in r.json()
+
+
+def test_actions_need_the_manage_scope_and_an_existing_lead(api, api_with, make_group):
+    group, reps = make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    reader = api_with(["read", "intake"])
+    for path, body in [
+        ("accept/", {"rep": reps[0].id}),
+        ("reassign/", {"rep": reps[0].id, "reason": "x"}),
+        ("reroute/", {}),
+        ("close/", {"outcome": "won"}),
+    ]:
+        assert reader.post(f"/api/v1/leads/{lead['id']}/{path}", body, format="json").status_code == 403
+        assert api.post(f"/api/v1/leads/987654321/{path}", body, format="json").status_code == 404
+    assert reader.patch(f"/api/v1/leads/{lead['id']}/", {"first_name": "X"}, format="json").status_code == 403
+    assert api.patch("/api/v1/leads/987654321/", {"first_name": "X"}, format="json").status_code == 404
+
+
+# --- reassign --------------------------------------------------------------------------------
+
+
+def test_manual_reassign_does_not_move_the_pointer_and_counts_today(api, make_group):
+    group, reps = make_group(3, slug="emea", sla_minutes="5")
+    lead = post(api, group="emea")
+    assert pointer(group) == 1
+    r = api.post(
+        f"/api/v1/leads/{lead['id']}/reassign/", {"rep": reps[2].id, "reason": "speaks French"}, format="json"
+    )
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["owner"]["id"] == reps[2].id and body["status"] == "assigned" and body["sla_due_at"]
+    assert pointer(group) == 1
+    first, second = Assignment.objects.filter(lead_id=lead["id"]).order_by("attempt")
+    assert first.ended_at is not None and first.end_reason == "reassigned"
+    assert second.reason == "manual" and second.ended_at is None and second.over_cap is False
+    (event,) = events(lead["id"], "lead.reassigned")
+    ex = event.explanation
+    assert ex["reason"] == "speaks French" and ex["from_rep"] == reps[0].id and ex["to_rep"] == reps[2].id
+    assert ex["pointer_moved"] is False and ex["over_cap"] is False
+    view = api.get("/api/v1/groups/emea/rotation/").json()
+    today = {m["rep"]["id"]: m["assigned_today"] for m in view["members"]}
+    assert today[reps[2].id] == 1  # the manual assignment counts toward the daily count
+    # The next lead still goes to the rep the pointer names.
+    assert post(api, group="emea")["owner"]["id"] == reps[1].id
+
+
+def test_manual_reassign_may_exceed_a_cap_and_says_so(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    Membership.objects.filter(group=group, rep=reps[1]).update(max_open=1)
+    post(api, group="emea")  # reps[0]
+    post(api, group="emea")  # reps[1]: now at its cap
+    third = post(api, group="emea")
+    assert third["owner"]["id"] == reps[0].id
+    r = api.post(f"/api/v1/leads/{third['id']}/reassign/", {"rep": reps[1].id, "reason": "VIP"}, format="json")
+    assert r.status_code == 200, r.content
+    assignment = Assignment.objects.get(lead_id=third["id"], ended_at__isnull=True)
+    assert assignment.rep_id == reps[1].id and assignment.over_cap is True
+    ex = events(third["id"], "lead.reassigned")[0].explanation
+    assert ex["over_cap"] is True and ex["caps"]["exceeded"] == ["max_open"] and ex["caps"]["open"] == 1
+
+
+def test_reassign_rejects_bad_requests(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    lead = post(api, group="emea")
+    url = f"/api/v1/leads/{lead['id']}/reassign/"
+    assert "reason" in api.post(url, {"rep": reps[1].id}, format="json").json()
+    assert "reason" in api.post(url, {"rep": reps[1].id, "reason": "   "}, format="json").json()
+    assert "rep" in api.post(url, {"rep": 999999, "reason": "x"}, format="json").json()
+    reps[1].active = False
+    reps[1].save()
+    r = api.post(url, {"rep": reps[1].id, "reason": "x"}, format="json")
+    assert r.status_code == 400 and "inactive" in r.json()["rep"][0]
+    assert api.post(url, {"rep": reps[0].id, "reason": "x"}, format="json").status_code == 409  # already owns it
+    assert len(events(lead["id"])) == 2  # received, assigned: nothing half-written
+
+
+def test_reassign_a_queued_lead_assigns_it(api, make_group):
+    group, reps = make_group(1, slug="emea")
+    group.memberships.update(active=False)
+    lead = post(api, group="emea")
+    r = api.post(f"/api/v1/leads/{lead['id']}/reassign/", {"rep": reps[0].id, "reason": "by hand"}, format="json")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "assigned" and body["queue_reason"] is None and body["owner"]["id"] == reps[0].id
+    ex = events(lead["id"], "lead.reassigned")[0].explanation
+    assert ex["from_rep"] is None and ex["eligible_now"] is False and "paused" in ex["not_eligible_because"]
+
+
+# --- reroute ---------------------------------------------------------------------------------
+
+
+def test_reroute_runs_rules_and_rotation_again(api, make_group):
+    emea, emea_reps = make_group(2, slug="emea")
+    france, france_reps = make_group(2, slug="france")
+    lead = post(api, group="emea", country="FR")
+    assert lead["group"] == "emea"
+    RoutingRule.objects.create(
+        name="France", priority=1, group=france, conditions=[{"field": "country", "op": "in", "value": ["FR"]}]
+    )
+    r = api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["group"] == "france" and body["owner"]["id"] == france_reps[0].id
+    assert pointer(france) == 1 and pointer(emea) == 1
+    old, new = Assignment.objects.filter(lead_id=lead["id"]).order_by("attempt")
+    assert old.end_reason == "rerouted" and new.reason == "reroute" and new.group == france
+    (event,) = events(lead["id"], "lead.rerouted")
+    ex = event.explanation
+    assert ex["rule"] == "France" and ex["from_group"] == "emea" and ex["from_rep"] == emea_reps[0].id
+    assert ex["to_rep"] == france_reps[0].id and ex["pointer_before"] == 0 and ex["pointer_after"] == 1
+    assert api.post(f"/api/v1/leads/{lead['id']}/reroute/", {"x": 1}, format="json").status_code == 400
+
+
+def test_reroute_with_no_eligible_rep_queues(api, make_group):
+    emea, _ = make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    emea.memberships.update(active=False)
+    body = api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json").json()
+    assert body["status"] == "queued" and body["owner"] is None and "no eligible rep" in body["queue_reason"]
+
+
+# --- close -----------------------------------------------------------------------------------
+
+
+def test_close_frees_capacity(api, make_group):
+    group, reps = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(max_open=1)
+    first = post(api, group="emea")
+    assert post(api, group="emea")["status"] == "queued"
+    r = api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "won"}, format="json")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["status"] == "closed" and body["outcome"] == "won" and body["closed_at"]
+    assert Assignment.objects.get(lead_id=first["id"]).end_reason == "closed"
+    (event,) = events(first["id"], "lead.closed")
+    assert event.explanation["outcome"] == "won" and event.explanation["from_status"] == "assigned"
+    assert post(api, group="emea")["status"] == "assigned"  # the cap has room again
+    again = api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "lost"}, format="json")
+    assert again.status_code == 409
+    assert api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "maybe"}, format="json").status_code == 400
+
+
+# --- PATCH -----------------------------------------------------------------------------------
+
+
+def test_patch_edits_contact_fields_and_never_moves_the_lead(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    lead = post(api, group="emea", first_name="Jane")
+    r = api.patch(
+        f"/api/v1/leads/{lead['id']}/", {"first_name": "Janet", "email": " Janet@Acme.example "}, format="json"
+    )
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["first_name"] == "Janet" and body["email"] == "Janet@Acme.example"
+    assert body["owner"]["id"] == reps[0].id and body["status"] == "assigned" and body["group"] == "emea"
+    stored = Lead.objects.get(pk=lead["id"])
+    assert stored.email_normalized == "janet@acme.example"
+    assert Assignment.objects.filter(lead_id=lead["id"]).count() == 1
+    (event,) = events(lead["id"], "lead.changed")
+    assert event.explanation == {"fields": ["email", "first_name"], "moved": False}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"status": "closed"}, "status"),
+        ({"country": "DE"}, "country"),
+        ({"owner": 1}, "owner"),
+        ({"email": "not-an-email"}, "email"),
+        ({}, "non_field_errors"),
+    ],
+)
+def test_patch_rejects_everything_but_contact_fields(api, make_group, body, field):
+    make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    r = api.patch(f"/api/v1/leads/{lead['id']}/", body, format="json")
+    assert r.status_code == 400 and field in r.json()
+    assert not events(lead["id"], "lead.changed")
+
+
+def test_put_is_not_allowed(api, make_group):
+    make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    assert api.put(f"/api/v1/leads/{lead['id']}/", {"first_name": "x"}, format="json").status_code == 405
+
+
+def test_reassign_to_a_rep_outside_the_group_is_allowed_and_said(api, make_group):
+    group, reps = make_group(1, slug="emea")
+    outsider = RepFactory()
+    GroupFactory(slug="other")
+    lead = post(api, group="emea")
+    r = api.post(f"/api/v1/leads/{lead['id']}/reassign/", {"rep": outsider.id, "reason": "x"}, format="json")
+    assert r.status_code == 200
+    assert events(lead["id"], "lead.reassigned")[0].explanation["member_of_group"] is False
