@@ -15,3 +15,14 @@ def api_client_create(*, name: str, scopes: list[str]) -> tuple[ApiClient, str]:
         name=name, token_hash=ApiClient.hash_token(token), token_prefix=token[:10], scopes=sorted(set(scopes))
     )
     return client, token
+
+
+def api_client_revoke(*, client: ApiClient, actor: str) -> None:
+    """Revokes a token for good: the next request with it gets 401."""
+    from audit.models import AuditEvent
+    from audit.services import audit_record
+
+    ApiClient.objects.filter(pk=client.pk).update(active=False)
+    audit_record(
+        type=AuditEvent.Type.CLIENT_CHANGED, actor=actor, explanation={"api_client": client.name, "change": "revoked"}
+    )

@@ -3,6 +3,7 @@ from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from hooks.views import HookView
 from leads.api.views import LeadViewSet, QueueView, RotationView
 from rotation.api.views import GroupViewSet, MembershipViewSet, RepViewSet
 
@@ -16,6 +17,7 @@ router.register("reps", RepViewSet, basename="rep")
 router.register(r"groups/(?P<group_slug>[-a-zA-Z0-9_]+)/members", MembershipViewSet, basename="membership")
 
 api_v1: list[URLPattern | URLResolver] = [
+    path("hooks/<slug:source>/", HookView.as_view(), name="hook-intake"),
     path("queue/", QueueView.as_view(), name="queue"),
     path("groups/<slug:slug>/rotation/", RotationView.as_view(), name="group-rotation"),
     path("", include(router.urls)),

@@ -35,6 +35,9 @@ INSTALLED_APPS = [
     "audit",
     "rotation",
     "leads",
+    "hooks",
+    "security",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -181,6 +184,20 @@ CELERY_BEAT_SCHEDULE.update(
     }
 )
 
+# --- Notifications (outbound webhooks per group, e-mail to the rep) ------------------------
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="lead-router@localhost")
+# Links in e-mails point here.
+PUBLIC_BASE_URL = env("PUBLIC_BASE_URL", default="http://127.0.0.1:8000")
+NOTIFY_REP_EMAIL = env.bool("NOTIFY_REP_EMAIL", default=True)
+NOTIFY_MAX_ATTEMPTS = env.int("NOTIFY_MAX_ATTEMPTS", default=8)
+NOTIFY_BACKOFF_BASE_S = env.float("NOTIFY_BACKOFF_BASE_S", default=5.0)
+NOTIFY_BACKOFF_MAX_S = env.float("NOTIFY_BACKOFF_MAX_S", default=1800.0)
+NOTIFY_WEBHOOK_TIMEOUT_S = env.float("NOTIFY_WEBHOOK_TIMEOUT_S", default=5.0)
+# The sweep re-drives messages and retries overdue by this much (their task was lost).
+NOTIFY_SWEEP_GRACE_S = env.float("NOTIFY_SWEEP_GRACE_S", default=30.0)
+CELERY_BEAT_SCHEDULE["notifications-outbox-sweep"] = {"task": "notifications.outbox_sweep", "schedule": 30.0}
+
 # --- API ------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["leads.api.auth.BearerTokenAuthentication"],
@@ -191,6 +208,7 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "routing_project.exceptions.api_exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["leads.api.throttles.ClientRateThrottle"],
     "UNAUTHENTICATED_USER": None,
     "PAGE_SIZE": 50,
     "COERCE_DECIMAL_TO_STRING": False,
@@ -205,7 +223,19 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "security.schema.document_common_errors",
+    ],
 }
+
+# --- Security (SPEC 7, 10) --------------------------------------------------------------------
+# Requests a minute per API client when the client sets no limit of its own (429 beyond).
+API_RATE_LIMIT_PER_MINUTE = env.int("API_RATE_LIMIT_PER_MINUTE", default=3000)
+# Failed logins allowed per (username, address) and per address in 15 minutes.
+LOGIN_FAILURES_PER_USER = env.int("LOGIN_FAILURES_PER_USER", default=5)
+LOGIN_FAILURES_PER_ADDRESS = env.int("LOGIN_FAILURES_PER_ADDRESS", default=50)
+AUTHENTICATION_BACKENDS = ["security.login.ThrottledModelBackend"]
 
 # --- I18N, static ---------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -223,7 +253,11 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "routing_project.logging.RequestIdFilter"}},
+    "filters": {
+        "request_id": {"()": "routing_project.logging.RequestIdFilter"},
+        # The safety net: redacts emails, phone numbers, tokens and signatures in every record.
+        "redact": {"()": "security.redaction.RedactingFilter"},
+    },
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
         "json": {"()": "routing_project.logging.JsonFormatter"},
@@ -233,7 +267,7 @@ LOGGING: dict[str, Any] = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": env("LOG_FORMAT", default="plain"),
-            "filters": ["request_id"],
+            "filters": ["request_id", "redact"],
         },
     },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},

@@ -14,6 +14,8 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 ROUTING_LOCK_TIMEOUT_MS = 1000
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = True
+# Tests post many leads a minute through one client; the rate-limit tests set their own limits.
+API_RATE_LIMIT_PER_MINUTE = 1_000_000
 # Celery on Redis, isolated per pytest-xdist worker (CI shares one Redis database): every
 # key the broker writes carries this prefix, and the real-worker tests start their worker
 # subprocess with the same environment, so it consumes exactly this process's tasks.

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+
+from security.admin_views import shown_once
+
+from . import services
+from .models import IntakeSource, field_map_problems
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class IntakeSourceForm(forms.ModelForm):
+    class Meta:
+        model = IntakeSource
+        fields = ("slug", "name", "field_map", "active", "rate_limit_per_minute")
+
+    def clean_field_map(self) -> Any:
+        value = self.cleaned_data.get("field_map") or {}
+        problems = field_map_problems(value)
+        if problems:
+            raise forms.ValidationError(problems)
+        return value
+
+
+@admin.register(IntakeSource)
+class IntakeSourceAdmin(admin.ModelAdmin):
+    """Web forms allowed to post signed leads. The secret is shown once (on creation and on
+    rotation) and never again."""
+
+    form = IntakeSourceForm
+    list_display = ("slug", "name", "secret_prefix", "active", "rate_limit_per_minute", "last_used_at")
+    list_filter = ("active",)
+    search_fields = ("slug", "name")
+    readonly_fields = ("secret_prefix", "secret_rotated_at", "previous_secret_expires_at", "created_at", "last_used_at")
+    actions = ["rotate_secret"]
+
+    def save_model(self, request: HttpRequest, obj: IntakeSource, form: Any, change: bool) -> None:
+        if change:
+            obj.save(update_fields=list(form.changed_data) or None)
+            return
+        source, secret = services.source_create(
+            slug=obj.slug,
+            name=obj.name,
+            actor=_actor(request),
+            field_map=obj.field_map,
+            rate_limit_per_minute=obj.rate_limit_per_minute,
+            active=obj.active,
+        )
+        obj.pk, obj._new_secret = source.pk, secret  # type: ignore[attr-defined]
+
+    def response_add(
+        self, request: HttpRequest, obj: IntakeSource, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        return shown_once(
+            request,
+            title=f"Intake source '{obj.slug}' created",
+            what="the signing secret",
+            items=[(obj.slug, obj._new_secret)],  # type: ignore[attr-defined]
+            stored="what verifying signatures needs, never displayed again",
+            lost="rotate it",
+            back=reverse("admin:hooks_intakesource_changelist"),
+            note=f"The form posts to /api/v1/hooks/{obj.slug}/ with X-Signature: t=<unix seconds>,"
+            'v1=<hex HMAC-SHA256 of "<t>.<raw body>">.',
+        )
+
+    @admin.action(description="Rotate the secret (the old one stays valid for 24 hours)", permissions=["change"])
+    def rotate_secret(self, request: HttpRequest, queryset: QuerySet[IntakeSource]) -> HttpResponse:
+        actor = _actor(request)
+        items = [(source.slug, services.source_rotate_secret(source=source, actor=actor)) for source in queryset]
+        return shown_once(
+            request,
+            title="Secrets rotated",
+            what="the new secret" if len(items) == 1 else "the new secrets",
+            items=items,
+            stored="what verifying signatures needs, never displayed again",
+            lost="rotate again",
+            back=reverse("admin:hooks_intakesource_changelist"),
+            note="Signatures made with the previous secret are accepted for 24 more hours.",
+        )

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+# The lead fields a source may map its form fields to (plus `attributes.<key>`).
+LEAD_FIELDS = (
+    "email",
+    "first_name",
+    "last_name",
+    "company",
+    "phone",
+    "country",
+    "region",
+    "source",
+    "product",
+    "score",
+    "company_size",
+    "group",
+    "external_id",
+)
+
+
+def field_map_problems(field_map: Any) -> list[str]:
+    if not isinstance(field_map, dict):
+        return ["The field map is a JSON object: {form field: lead field}."]
+    problems = []
+    for form_field, lead_field in field_map.items():
+        if not isinstance(lead_field, str) or not (
+            lead_field in LEAD_FIELDS
+            or (lead_field.startswith("attributes.") and 0 < len(lead_field) - len("attributes.") <= 64)
+        ):
+            problems.append(
+                f"'{form_field}': maps to '{lead_field}', which is not a lead field "
+                f"({', '.join(LEAD_FIELDS)} or attributes.<key>)."
+            )
+    return problems
+
+
+class IntakeSource(models.Model):
+    """A web form (or form service) allowed to post leads to /api/v1/hooks/<slug>/, signed
+    with its secret. The secret must be kept to verify signatures; it is shown once, when
+    created or rotated, and never displayed again."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=100)
+    secret = models.CharField(max_length=128, editable=False)
+    secret_prefix = models.CharField(max_length=12, editable=False, help_text="To recognise the secret.")
+    previous_secret = models.CharField(max_length=128, blank=True, default="", editable=False)
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    field_map = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='{"form field": "lead field"}, e.g. {"your-email": "email", "utm_campaign": '
+        '"attributes.campaign"}. Form fields named like a lead field need no entry; others are ignored '
+        "(kept in the raw payload).",
+    )
+    active = models.BooleanField(default=True)
+    rate_limit_per_minute = models.PositiveIntegerField(default=120)
+    created_at = models.DateTimeField(auto_now_add=True)
+    secret_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def clean(self) -> None:
+        problems = field_map_problems(self.field_map)
+        if problems:
+            raise ValidationError({"field_map": problems})
+
+
+class HookDelivery(models.Model):
+    """A verified signature, kept for the tolerance window: the same signature again is a
+    replay. The unique constraint makes that hold across processes."""
+
+    source = models.ForeignKey(IntakeSource, on_delete=models.CASCADE, related_name="+")
+    signature_hash = models.CharField(max_length=64)
+    signed_at = models.DateTimeField()
+    received_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["source", "signature_hash"], name="one_delivery_per_signature")]
+
+    def __str__(self) -> str:
+        return f"{self.source_id}:{self.signature_hash[:12]}"

@@ -1,0 +1,246 @@
+"""Signed web-form intake: verify the signature, reject replays, map the form's fields, then
+hand the lead to the same intake service the API uses."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import random
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import parse_qsl
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from audit.services import audit_record
+
+from .models import HookDelivery, IntakeSource, field_map_problems
+
+logger = logging.getLogger(__name__)
+
+SIGNATURE_TOLERANCE = timedelta(minutes=5)
+ROTATION_GRACE = timedelta(hours=24)
+MAX_SIGNATURE_HEADER = 1024
+
+
+class SignatureError(Exception):
+    """The request is not signed by the source (401); the message says why, without secrets."""
+
+
+class UnsupportedBody(Exception):
+    """Neither JSON nor form-encoded (415)."""
+
+
+class BadBody(Exception):
+    """The body does not parse (400)."""
+
+
+@dataclass(frozen=True)
+class VerifiedSignature:
+    signed_at: datetime
+    digest: str  # sha256 of the matched signature: what the replay guard stores
+
+
+# --- sources and secrets ---------------------------------------------------------------------
+
+
+def _new_secret() -> str:
+    return "whsec_" + secrets.token_urlsafe(32)
+
+
+def source_create(
+    *,
+    slug: str,
+    name: str,
+    actor: str,
+    field_map: dict[str, str] | None = None,
+    rate_limit_per_minute: int = 120,
+    active: bool = True,
+) -> tuple[IntakeSource, str]:
+    """Creates a source and returns it with its secret (the only time the secret is shown)."""
+    problems = field_map_problems(field_map or {})
+    if problems:
+        raise ValueError("; ".join(problems))
+    secret = _new_secret()
+    with transaction.atomic():
+        source = IntakeSource.objects.create(
+            slug=slug,
+            name=name,
+            secret=secret,
+            secret_prefix=secret[:12],
+            field_map=field_map or {},
+            rate_limit_per_minute=rate_limit_per_minute,
+            active=active,
+        )
+        audit_record(
+            type=AuditEvent.Type.CLIENT_CHANGED,
+            actor=actor,
+            explanation={"intake_source": slug, "change": "created"},
+        )
+    return source, secret
+
+
+def source_rotate_secret(*, source: IntakeSource, actor: str, grace: timedelta = ROTATION_GRACE) -> str:
+    """Gives the source a new secret; the old one stays valid for `grace` so senders can switch."""
+    secret = _new_secret()
+    now = timezone.now()
+    with transaction.atomic():
+        locked = IntakeSource.objects.select_for_update().get(pk=source.pk)
+        locked.previous_secret = locked.secret
+        locked.previous_secret_expires_at = now + grace
+        locked.secret, locked.secret_prefix, locked.secret_rotated_at = secret, secret[:12], now
+        locked.save(
+            update_fields=[
+                "previous_secret",
+                "previous_secret_expires_at",
+                "secret",
+                "secret_prefix",
+                "secret_rotated_at",
+            ]
+        )
+        audit_record(
+            type=AuditEvent.Type.CLIENT_CHANGED,
+            actor=actor,
+            explanation={
+                "intake_source": source.slug,
+                "change": "secret rotated",
+                "grace_hours": grace / timedelta(hours=1),
+            },
+        )
+    return secret
+
+
+# --- signatures ------------------------------------------------------------------------------
+
+
+def sign(*, secret: str, body: bytes, timestamp: int) -> str:
+    """The X-Signature header value a sender computes (documented in the README)."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def _parse_header(header: str) -> tuple[int, list[str]]:
+    if not header:
+        raise SignatureError("Missing X-Signature header.")
+    if len(header) > MAX_SIGNATURE_HEADER:
+        raise SignatureError("Malformed X-Signature header.")
+    timestamp: int | None = None
+    candidates: list[str] = []
+    for part in header.split(","):
+        key, sep, value = part.strip().partition("=")
+        if not sep:
+            raise SignatureError("Malformed X-Signature header: use t=<unix seconds>,v1=<hex HMAC-SHA256>.")
+        if key == "t":
+            if not value.isascii() or not value.isdigit() or len(value) > 12:
+                raise SignatureError("Malformed X-Signature timestamp.")
+            timestamp = int(value)
+        elif key == "v1":
+            candidates.append(value.lower())
+    if timestamp is None or not candidates:
+        raise SignatureError("Malformed X-Signature header: use t=<unix seconds>,v1=<hex HMAC-SHA256>.")
+    return timestamp, candidates
+
+
+def hook_verify(*, source: IntakeSource, header: str, body: bytes, now: datetime | None = None) -> VerifiedSignature:
+    """Checks `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">` against the source's
+    secret (or its previous one, during the rotation grace period), in constant time, and that
+    `t` is within 5 minutes of now."""
+    now = now or timezone.now()
+    timestamp, candidates = _parse_header(header)
+    if abs(now.timestamp() - timestamp) > SIGNATURE_TOLERANCE.total_seconds():
+        raise SignatureError("The signature's timestamp is outside the 5-minute tolerance.")
+    secrets_ = [source.secret]
+    if source.previous_secret and source.previous_secret_expires_at and source.previous_secret_expires_at > now:
+        secrets_.append(source.previous_secret)
+    signed = f"{timestamp}.".encode() + body
+    matched = None
+    for secret in secrets_:
+        expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+        for candidate in candidates:
+            # compare_digest on every pair: no early exit that would time the secret.
+            if hmac.compare_digest(expected.encode(), candidate.encode("ascii", "replace")):
+                matched = candidate
+    if matched is None:
+        raise SignatureError("The signature does not match.")
+    signed_at = datetime.fromtimestamp(timestamp, tz=now.tzinfo)
+    return VerifiedSignature(signed_at=signed_at, digest=hashlib.sha256(matched.encode()).hexdigest())
+
+
+def hook_claim(*, source: IntakeSource, signature: VerifiedSignature) -> HookDelivery:
+    """Records the signature as used, committed on its own so every other process sees it;
+    the same signature again (within the tolerance window, which bounds replays) is refused."""
+    now = timezone.now()
+    if random.random() < 0.02:  # noqa: S311 - housekeeping, not security
+        # Older than the tolerance window, a replay fails the timestamp check anyway.
+        HookDelivery.objects.filter(received_at__lt=now - 2 * SIGNATURE_TOLERANCE).delete()
+    try:
+        with transaction.atomic():
+            return HookDelivery.objects.create(
+                source=source, signature_hash=signature.digest, signed_at=signature.signed_at, received_at=now
+            )
+    except IntegrityError:
+        raise SignatureError("This signature was used already (replay).") from None
+
+
+def hook_release(*, delivery: HookDelivery) -> None:
+    """The request failed without writing a lead: the sender may retry with the same signature."""
+    HookDelivery.objects.filter(pk=delivery.pk).delete()
+
+
+# --- bodies and field mapping ----------------------------------------------------------------
+
+
+def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
+    media = content_type.split(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            payload = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise BadBody("The body is not valid JSON.") from None
+        if not isinstance(payload, dict):
+            raise BadBody("The body must be a JSON object.")
+        return payload
+    if media == "application/x-www-form-urlencoded":
+        try:
+            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=200)
+        except (UnicodeDecodeError, ValueError):
+            raise BadBody("The body is not valid form data (UTF-8, at most 200 fields).") from None
+        return dict(pairs)  # a repeated field keeps its last value
+    raise UnsupportedBody(f"Unsupported content type '{media[:100]}': send application/json or form data.")
+
+
+def hook_map(*, source: IntakeSource, payload: dict[str, Any]) -> dict[str, Any]:
+    """Turns a form's fields into the lead fields of `POST /api/v1/leads/`: mapped fields by the
+    source's map, fields already named like a lead field as they are, the rest dropped (they
+    stay in the raw payload). Empty values are left out; `source` defaults to the source slug."""
+    from .models import LEAD_FIELDS
+
+    data: dict[str, Any] = {}
+    attributes: dict[str, Any] = {}
+    field_map = source.field_map or {}
+    for key, value in payload.items():
+        target = field_map.get(key) or (key if key in LEAD_FIELDS else None)
+        if target is None or value is None or value == "":
+            continue
+        if target.startswith("attributes."):
+            attributes[target[len("attributes.") :]] = value
+        else:
+            data[target] = value
+    if isinstance(payload.get("attributes"), dict) and "attributes" not in field_map:
+        attributes = {**payload["attributes"], **attributes}
+    if attributes:
+        data["attributes"] = attributes
+    data.setdefault("source", source.slug)
+    return data
+
+
+def source_touch(*, source: IntakeSource) -> None:
+    now = timezone.now()
+    if source.last_used_at is None or now - source.last_used_at > timedelta(minutes=1):
+        IntakeSource.objects.filter(pk=source.pk).update(last_used_at=now)

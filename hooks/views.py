@@ -1,0 +1,152 @@
+"""POST /api/v1/hooks/{source}/: a signed web form posts a lead (SPEC 7)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import exceptions, serializers
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from leads import services as lead_services
+from leads.api.serializers import LeadInSerializer
+from leads.models import Lead
+from leads.routing import RoutingBusy
+from routing_project.exceptions import ServiceUnavailable
+from security.ratelimit import rate_limit_hit
+
+from . import services
+from .models import IntakeSource
+
+logger = logging.getLogger(__name__)
+
+ERROR = inline_serializer("HookError", fields={"detail": serializers.CharField()})
+ACCEPTED = inline_serializer(
+    "HookAccepted",
+    fields={
+        "id": serializers.IntegerField(),
+        "status": serializers.CharField(),
+        "group": serializers.CharField(allow_null=True),
+        "queue_reason": serializers.CharField(allow_null=True),
+        "duplicate_of": serializers.IntegerField(allow_null=True),
+    },
+)
+
+
+class UnsupportedMediaType(exceptions.APIException):
+    status_code = 415
+    default_detail = "Send application/json or application/x-www-form-urlencoded."
+    default_code = "unsupported_media_type"
+
+
+def render_hook_result(lead: Lead, duplicate_of: int | None) -> bytes:
+    """A form service needs the outcome, not the rep's contact details."""
+    body = {
+        "id": lead.id,
+        "status": lead.status,
+        "group": lead.group.slug if lead.group else None,
+        "queue_reason": (lead.queue_reason or None) if lead.status == "queued" else None,
+        "duplicate_of": duplicate_of,
+    }
+    return json.dumps(body).encode()
+
+
+class HookView(APIView):
+    """Takes a lead from a signed web form and routes it like `POST /api/v1/leads/`."""
+
+    authentication_classes: list = []
+    permission_classes: list = []
+    throttle_classes: list = []  # limited per source, after the signature is verified
+
+    @extend_schema(
+        operation_id="hooks_create",
+        request={
+            "application/json": OpenApiTypes.OBJECT,
+            "application/x-www-form-urlencoded": OpenApiTypes.OBJECT,
+        },
+        parameters=[
+            OpenApiParameter(
+                "X-Signature",
+                str,
+                OpenApiParameter.HEADER,
+                required=True,
+                description='`t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>" under the source\'s '
+                "secret>`; at most 5 minutes old, each signature accepted once.",
+            ),
+        ],
+        responses={
+            201: ACCEPTED,
+            200: OpenApiResponse(ACCEPTED, description="A duplicate of an open lead (`duplicate_of`)."),
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="Validation error naming every bad field."),
+            401: OpenApiResponse(ERROR, description="Missing, malformed, stale, wrong or replayed signature."),
+            404: OpenApiResponse(ERROR, description="No active source with this slug."),
+            413: ERROR,
+            415: ERROR,
+            429: OpenApiResponse(ERROR, description="Over the source's rate limit; see `Retry-After`."),
+            503: ERROR,
+        },
+        examples=[OpenApiExample("form", value={"your-email": "jane@acme.example", "company": "Acme"})],
+        auth=[],
+    )
+    def post(self, request: Request, source: str) -> HttpResponse:
+        intake_source = IntakeSource.objects.filter(slug=source, active=True).first()
+        if intake_source is None:
+            raise exceptions.NotFound("No active intake source with this slug.")
+        body = request.body
+        try:
+            signature = services.hook_verify(
+                source=intake_source, header=request.headers.get("X-Signature", ""), body=body
+            )
+        except services.SignatureError as exc:
+            logger.warning("hook rejected: source=%s reason=%s", intake_source.slug, exc)
+            raise exceptions.AuthenticationFailed(str(exc)) from None
+        # created_at in the key: a re-created database never inherits an old source's counter.
+        key = f"source:{intake_source.pk}:{intake_source.created_at.timestamp():.6f}"
+        verdict = rate_limit_hit(key=key, limit=intake_source.rate_limit_per_minute)
+        if not verdict.allowed:
+            raise exceptions.Throttled(wait=verdict.retry_after)
+        try:
+            payload = services.hook_parse(body=body, content_type=request.content_type or "")
+        except services.UnsupportedBody as exc:
+            raise UnsupportedMediaType(str(exc)) from None
+        except services.BadBody as exc:
+            raise exceptions.ParseError(str(exc)) from None
+        incoming = LeadInSerializer(data=services.hook_map(source=intake_source, payload=payload))
+        incoming.is_valid(raise_exception=True)
+        data = dict(incoming.validated_data)
+        requested = data.pop("group", None)
+
+        try:
+            delivery = services.hook_claim(source=intake_source, signature=signature)
+        except services.SignatureError as exc:
+            logger.warning("hook rejected: source=%s reason=%s", intake_source.slug, exc)
+            raise exceptions.AuthenticationFailed(str(exc)) from None
+        try:
+            result = lead_services.lead_intake(
+                data=data,
+                raw=payload,
+                requested=requested,
+                client=None,
+                actor=f"hook:{intake_source.slug}",
+                render=render_hook_result,
+            )
+        except RoutingBusy:
+            services.hook_release(delivery=delivery)
+            raise ServiceUnavailable("The group's rotation is busy; retry shortly.", retry_after=1) from None
+        except BaseException:
+            services.hook_release(delivery=delivery)
+            raise
+        services.source_touch(source=intake_source)
+        logger.info(
+            "hook accepted: source=%s lead=%s status=%s", intake_source.slug, result.lead.id, result.lead.status
+        )
+        response = HttpResponse(result.body, status=result.status_code, content_type="application/json")
+        response["Location"] = f"/api/v1/leads/{result.lead.id}/"
+        return response
+
+    def get_authenticate_header(self, request: Request) -> str:
+        return 'HMAC-SHA256 header="X-Signature"'

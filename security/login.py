@@ -1,0 +1,69 @@
+"""Login throttling against password guessing, for every login that goes through Django's
+`authenticate()` (the admin and anything else).
+
+Failures are counted per (username, client address) and per client address in the shared
+rate-limit store (Redis). Past the limit, `authenticate()` refuses even the right password
+until the window ends, so guessing gets a handful of tries per quarter hour.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.core.exceptions import PermissionDenied
+from django.dispatch import receiver
+from django.http import HttpRequest
+
+from security.ratelimit import rate_limit_count, rate_limit_hit, rate_limit_reset
+
+WINDOW_S = 15 * 60
+
+
+def _address(request: HttpRequest | None) -> str:
+    if request is None:
+        return "-"
+    return str(request.META.get("REMOTE_ADDR") or "-")
+
+
+def _keys(username: str, request: HttpRequest | None) -> tuple[str, str]:
+    # Hashed: usernames do not appear in Redis keys.
+    who = hashlib.sha256(f"{username.lower()}|{_address(request)}".encode()).hexdigest()[:32]
+    return f"login:user:{who}", f"login:addr:{_address(request)}"
+
+
+def login_locked(*, username: str, request: HttpRequest | None) -> bool:
+    user_key, addr_key = _keys(username, request)
+    return (
+        rate_limit_count(key=user_key, window_s=WINDOW_S) >= settings.LOGIN_FAILURES_PER_USER
+        or rate_limit_count(key=addr_key, window_s=WINDOW_S) >= settings.LOGIN_FAILURES_PER_ADDRESS
+    )
+
+
+class ThrottledModelBackend(ModelBackend):
+    def authenticate(
+        self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any
+    ) -> Any:
+        if username is None:
+            username = kwargs.get("username", "")
+        if login_locked(username=username or "", request=request):
+            # PermissionDenied stops authenticate() here: no other backend gets to try.
+            raise PermissionDenied("Too many failed logins; try again later.")
+        return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+@receiver(user_login_failed)
+def _count_failure(sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any) -> None:
+    user_key, addr_key = _keys(str(credentials.get("username") or ""), request)
+    rate_limit_hit(key=user_key, limit=settings.LOGIN_FAILURES_PER_USER, window_s=WINDOW_S)
+    rate_limit_hit(key=addr_key, limit=settings.LOGIN_FAILURES_PER_ADDRESS, window_s=WINDOW_S)
+
+
+@receiver(user_logged_in)
+def _reset_on_success(sender: Any, request: HttpRequest | None = None, user: Any = None, **kwargs: Any) -> None:
+    if user is not None:
+        user_key, _ = _keys(user.get_username(), request)
+        rate_limit_reset(key=user_key, window_s=WINDOW_S)

@@ -1,0 +1,124 @@
+"""Fixed-window rate limits in a store every process shares (Redis), failing open.
+
+A limit is only useful if it holds across web processes and machines, so the counters live
+in Redis (`REDIS_URL`). Without Redis (the embedded default) they live in Django's cache,
+which is per process: good enough for one developer machine. When Redis is unreachable the
+limit fails open, with one warning at most every few seconds: intake must keep working.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection
+
+logger = logging.getLogger(__name__)
+
+# After a Redis error, skip Redis for this long (no per-request connect timeouts while down).
+_BACKOFF_S = 5.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    count: int
+    limit: int
+    retry_after: int  # seconds until the window resets (0 when allowed)
+
+
+class _RedisState:
+    client: Any = None
+    url: str = ""
+    down_until: float = 0.0
+    last_warning: float = 0.0
+
+
+_state = _RedisState()
+
+
+def _redis() -> Any:
+    url = getattr(settings, "RATE_LIMIT_REDIS_URL", "") or settings.REDIS_URL
+    if not url:
+        return None
+    if _state.client is None or _state.url != url:
+        import redis
+
+        _state.client = redis.Redis.from_url(url, socket_timeout=0.25, socket_connect_timeout=0.25)
+        _state.url = url
+    return _state.client
+
+
+def _prefix() -> str:
+    # The database name keeps deployments (and parallel test workers) sharing one Redis apart.
+    return f"rl:{connection.settings_dict.get('NAME')}"
+
+
+def _fail_open(limit: int, exc: Exception) -> Verdict:
+    now = time.monotonic()
+    _state.down_until = now + _BACKOFF_S
+    if now - _state.last_warning > _BACKOFF_S:
+        _state.last_warning = now
+        logger.warning("rate limits not enforced: the shared store is unavailable (%s)", type(exc).__name__)
+    return Verdict(True, 0, limit, 0)
+
+
+def rate_limit_hit(*, key: str, limit: int, window_s: int = 60) -> Verdict:
+    """Counts one hit on `key` in the current window and says whether it is within `limit`."""
+    now = time.time()
+    window = int(now // window_s)
+    retry_after = max(1, math.ceil((window + 1) * window_s - now))
+    full_key = f"{_prefix()}:{key}:{window}"
+    client = _redis()
+    if client is not None:
+        if time.monotonic() < _state.down_until:
+            return Verdict(True, 0, limit, 0)
+        try:
+            pipe = client.pipeline(transaction=False)
+            pipe.incr(full_key)
+            pipe.expire(full_key, window_s + 1)
+            count = int(pipe.execute()[0])
+        except Exception as exc:  # any Redis failure: fail open, intake keeps working
+            return _fail_open(limit, exc)
+    else:
+        cache.add(full_key, 0, timeout=window_s + 1)
+        try:
+            count = cache.incr(full_key)
+        except ValueError:  # expired between add and incr
+            cache.set(full_key, 1, timeout=window_s + 1)
+            count = 1
+    allowed = count <= limit
+    return Verdict(allowed, count, limit, 0 if allowed else retry_after)
+
+
+def rate_limit_count(*, key: str, window_s: int = 60) -> int:
+    """The hits counted on `key` in the current window (0 when the store is unavailable)."""
+    window = int(time.time() // window_s)
+    full_key = f"{_prefix()}:{key}:{window}"
+    client = _redis()
+    try:
+        if client is not None:
+            value = client.get(full_key)
+        else:
+            value = cache.get(full_key)
+    except Exception:
+        return 0
+    return int(value or 0)
+
+
+def rate_limit_reset(*, key: str, window_s: int = 60) -> None:
+    window = int(time.time() // window_s)
+    full_key = f"{_prefix()}:{key}:{window}"
+    client = _redis()
+    try:
+        if client is not None:
+            client.delete(full_key)
+        else:
+            cache.delete(full_key)
+    except Exception:  # noqa: S110 - nothing to reset when the store is down
+        pass

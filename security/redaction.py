@@ -1,0 +1,63 @@
+"""A logging filter that redacts contact data and secrets: the safety net under the rule that
+no code logs an email, a phone number, a name, a token or a signature in the first place."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+REDACTED = "[redacted]"
+
+_PATTERNS = [
+    # Bearer tokens and API tokens (ours start with lr_), intake secrets (whsec_).
+    re.compile(r"(?i)\bbearer\s+\S+"),
+    re.compile(r"\b(?:lr|whsec)_[A-Za-z0-9_\-]{8,}"),
+    # X-Signature values and any long hex digest (HMACs, token hashes).
+    re.compile(r"\bt=\d+,\s*v1=[0-9a-fA-F]+"),
+    re.compile(r"\bv1=[0-9a-fA-F]{16,}"),
+    re.compile(r"\b[0-9a-fA-F]{32,}\b"),
+    # Email addresses.
+    re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+"),
+    # Phone numbers in their usual shapes (not dates, times or ids): international (+...),
+    # national with a leading 0 (01 23 45 67 89), North American ((555) 123-4567, 555-123-4567).
+    re.compile(r"\+\d[\d\s().\-]{5,}\d"),
+    re.compile(r"\b0\d(?:[\s.\-]?\d{2}){4}\b"),
+    re.compile(r"\(\d{3}\)\s*\d{3}[\s.\-]?\d{4}\b"),
+    re.compile(r"\b\d{3}[\s.\-]\d{3}[\s.\-]\d{4}\b"),
+]
+
+
+def redact(text: str) -> str:
+    for pattern in _PATTERNS:
+        text = pattern.sub(REDACTED, text)
+    return text
+
+
+class RedactingFilter(logging.Filter):
+    """Renders the message (and any traceback) and replaces what looks like contact data or a
+    secret. Attached to the log handlers in settings, so it covers every logger."""
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: keep the record as it is
+            return True
+        cleaned = redact(message)
+        if cleaned != message or record.args:
+            record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        for key, value in list(record.__dict__.items()):
+            # Fields passed with `extra=` (structured logs) get the same treatment.
+            if key not in _RECORD_ATTRS and isinstance(value, str):
+                setattr(record, key, redact(value))
+        return True
+
+
+_RECORD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "request_id", "taskName"}

@@ -1,0 +1,63 @@
+"""A drf-spectacular postprocessing hook: the schema documents the error responses every
+operation can give, so clients (and schemathesis) know them all. It covers endpoints added
+later without each view repeating them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {"detail": {"type": "string"}},
+    "required": ["detail"],
+}
+VALIDATION_SCHEMA = {
+    "type": "object",
+    "additionalProperties": True,
+    "description": "`{field: [messages]}` naming every bad field (or `detail`).",
+}
+
+_COMMON = {
+    "401": "No token, or an invalid or revoked one.",
+    "403": "The token lacks the scope this endpoint needs.",
+    "429": "Over the client's rate limit; retry after `Retry-After` seconds.",
+}
+_BODY = {
+    "400": "Validation error naming every bad field.",
+    "413": "Request body over 64 KiB.",
+    "415": "Unsupported content type: send JSON.",
+}
+
+
+def _response(description: str, schema_ref: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": {"$ref": schema_ref}}}}
+
+
+def document_common_errors(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault("ErrorDetail", ERROR_SCHEMA)
+    schemas.setdefault("ValidationErrorBody", VALIDATION_SCHEMA)
+    error_ref = "#/components/schemas/ErrorDetail"
+    for path, item in result.get("paths", {}).items():
+        for method, operation in item.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            responses = operation["responses"]
+            wanted: dict[str, str] = {}
+            if operation.get("security"):
+                wanted.update(_COMMON)
+            if "requestBody" in operation or method in ("post", "put", "patch"):
+                wanted.update(_BODY)
+            if "{" in path:
+                wanted["404"] = "No such object."
+            if "parameters" in operation and any(p.get("in") == "query" for p in operation["parameters"]):
+                wanted.setdefault("400", "Invalid query parameter.")
+            for code, description in wanted.items():
+                if code not in responses:
+                    ref = "#/components/schemas/ValidationErrorBody" if code == "400" else error_ref
+                    responses[code] = _response(description, ref)
+                    if code == "429":
+                        responses[code]["headers"] = {
+                            "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}
+                        }
+    return result

@@ -1,0 +1,202 @@
+"""POST /api/v1/hooks/{source}/ (SPEC 7): signed, fresh, once; JSON or form; mapped fields."""
+
+import json
+import time
+from datetime import timedelta
+from urllib.parse import urlencode
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from hooks import services
+from hooks.models import HookDelivery, IntakeSource
+from leads.models import Lead
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def source(db):
+    src, secret = services.source_create(
+        slug="webform",
+        name="Web form",
+        actor="test",
+        field_map={"your-email": "email", "fname": "first_name", "utm_campaign": "attributes.campaign"},
+    )
+    src.test_secret = secret
+    return src
+
+
+def post_signed(
+    source: IntakeSource,
+    body: bytes,
+    *,
+    content_type: str = "application/json",
+    timestamp: int | None = None,
+    secret: str | None = None,
+    header: str | None = None,
+    slug: str | None = None,
+):
+    ts = int(time.time()) if timestamp is None else timestamp
+    signature = (
+        header if header is not None else services.sign(secret=secret or source.test_secret, body=body, timestamp=ts)
+    )
+    return Client().post(
+        f"/api/v1/hooks/{slug or source.slug}/", body, content_type=content_type, headers={"X-Signature": signature}
+    )
+
+
+def test_signed_json_is_mapped_and_routed_like_the_api(source, make_group):
+    group, reps = make_group(2, slug="emea", is_default=True)
+    body = json.dumps({"your-email": "jane@acme.example", "fname": "Jane", "country": "fr", "utm_campaign": "spring"})
+    r = post_signed(source, body.encode())
+    assert r.status_code == 201, r.content
+    out = r.json()
+    assert out["status"] == "assigned" and out["group"] == "emea" and out["duplicate_of"] is None
+    lead = Lead.objects.get(pk=out["id"])
+    assert lead.email == "jane@acme.example" and lead.first_name == "Jane" and lead.country == "FR"
+    assert lead.attributes == {"campaign": "spring"} and lead.source == "webform"
+    assert lead.owner_id == reps[0].id and lead.raw_payload["your-email"] == "jane@acme.example"
+    actors = set(AuditEvent.objects.filter(lead_id=lead.id).values_list("actor", flat=True))
+    assert actors == {"hook:webform"}
+    # The form service gets the outcome, not the rep's contact details.
+    assert "owner" not in out and "email" not in out
+    source.refresh_from_db()
+    assert source.last_used_at is not None
+
+
+def test_form_encoded_body_is_accepted(source, make_group):
+    make_group(1, slug="emea", is_default=True)
+    body = urlencode({"your-email": "form@acme.example", "company": "Acme", "score": "42", "junk": "x"}).encode()
+    r = post_signed(source, body, content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 201, r.content
+    lead = Lead.objects.get(pk=r.json()["id"])
+    assert (lead.email, lead.company, lead.score) == ("form@acme.example", "Acme", 42)
+    assert lead.raw_payload["junk"] == "x"  # unmapped fields are kept, not routed on
+
+
+def test_duplicate_email_answers_200_with_duplicate_of(source, make_group):
+    make_group(1, slug="emea", is_default=True)
+    first = post_signed(source, b'{"email": "dup@acme.example"}').json()
+    r = post_signed(source, b'{"email": "DUP@acme.example "}')
+    assert r.status_code == 200 and r.json()["duplicate_of"] == first["id"]
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ("", "Missing X-Signature"),
+        ("garbage", "Malformed"),
+        ("t=abc,v1=00", "Malformed"),
+        ("t=123", "Malformed"),
+        ("v1=00", "Malformed"),
+    ],
+)
+def test_missing_or_malformed_signature_is_401(source, header, message):
+    r = post_signed(source, b'{"email": "a@b.example"}', header=header)
+    assert r.status_code == 401 and message in r.json()["detail"]
+    assert Lead.objects.count() == 0
+
+
+def test_wrong_secret_or_tampered_body_is_401(source):
+    r = post_signed(source, b'{"email": "a@b.example"}', secret="whsec_wrong")
+    assert r.status_code == 401 and "does not match" in r.json()["detail"]
+    ts = int(time.time())
+    header = services.sign(secret=source.test_secret, body=b'{"email": "a@b.example"}', timestamp=ts)
+    r = post_signed(source, b'{"email": "evil@b.example"}', header=header)
+    assert r.status_code == 401
+    # The signature covers the timestamp too: the same MAC under another t fails.
+    mac = header.split("v1=")[1]
+    r = post_signed(source, b'{"email": "a@b.example"}', header=f"t={ts + 1},v1={mac}")
+    assert r.status_code == 401
+    assert Lead.objects.count() == 0
+
+
+@pytest.mark.parametrize("age", [301, -301, 3600])
+def test_stale_or_future_signature_is_401(source, make_group, age):
+    make_group(1, slug="emea", is_default=True)
+    r = post_signed(source, b'{"email": "a@b.example"}', timestamp=int(time.time()) - age)
+    assert r.status_code == 401 and "5-minute" in r.json()["detail"]
+    assert Lead.objects.count() == 0
+
+
+def test_signature_within_tolerance_is_accepted(source, make_group):
+    make_group(1, slug="emea", is_default=True)
+    r = post_signed(source, b'{"email": "a@b.example"}', timestamp=int(time.time()) - 290)
+    assert r.status_code == 201
+
+
+def test_replayed_signature_is_401_and_writes_nothing(source, make_group):
+    make_group(1, slug="emea", is_default=True)
+    body = b'{"email": "once@acme.example"}'
+    header = services.sign(secret=source.test_secret, body=body, timestamp=int(time.time()))
+    assert post_signed(source, body, header=header).status_code == 201
+    r = post_signed(source, body, header=header)
+    assert r.status_code == 401 and "replay" in r.json()["detail"]
+    assert Lead.objects.count() == 1 and HookDelivery.objects.count() == 1
+
+
+def test_unknown_or_inactive_source_is_404(source):
+    r = post_signed(source, b'{"email": "a@b.example"}', slug="nope")
+    assert r.status_code == 404
+    IntakeSource.objects.filter(pk=source.pk).update(active=False)
+    assert post_signed(source, b'{"email": "a@b.example"}').status_code == 404
+
+
+def test_validation_errors_are_400_naming_the_field_and_release_nothing(source, make_group):
+    make_group(1, slug="emea", is_default=True)
+    r = post_signed(source, b'{"fname": "NoEmail", "score": "900"}')
+    assert r.status_code == 400
+    assert set(r.json()) == {"email", "score"}
+    assert Lead.objects.count() == 0 and HookDelivery.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status"),
+    [
+        (b"not json", "application/json", 400),
+        (b"[1, 2]", "application/json", 400),
+        (b"\xff\xfe", "application/json", 400),
+        (b"<lead/>", "application/xml", 415),
+        (b"email=a@b.example", "text/plain", 415),
+    ],
+)
+def test_bad_bodies_are_clear_4xx(source, body, content_type, status):
+    r = post_signed(source, body, content_type=content_type)
+    assert r.status_code == status, r.content
+    assert "detail" in r.json()
+
+
+def test_body_over_64_kib_is_413(source):
+    body = json.dumps({"email": "a@b.example", "company": "x" * 70_000}).encode()
+    assert post_signed(source, body).status_code == 413
+
+
+def test_rotation_keeps_the_previous_secret_for_the_grace_period(source, make_group):
+    make_group(1, slug="emea", is_default=True)
+    old = source.test_secret
+    new = services.source_rotate_secret(source=source, actor="test")
+    source.refresh_from_db()
+    assert new != old and source.secret == new
+    assert post_signed(source, b'{"email": "old@acme.example"}', secret=old).status_code == 201
+    assert post_signed(source, b'{"email": "new@acme.example"}', secret=new).status_code == 201
+    IntakeSource.objects.filter(pk=source.pk).update(previous_secret_expires_at=timezone.now() - timedelta(seconds=1))
+    assert post_signed(source, b'{"email": "late@acme.example"}', secret=old).status_code == 401
+    assert AuditEvent.objects.filter(type="client.changed", explanation__change="secret rotated").exists()
+
+
+def test_source_rate_limit_gives_429_with_retry_after(source, make_group):
+    make_group(1, slug="emea", is_default=True)
+    IntakeSource.objects.filter(pk=source.pk).update(rate_limit_per_minute=2)
+    codes = [post_signed(source, f'{{"email": "rl{i}@acme.example"}}'.encode()) for i in range(3)]
+    assert [r.status_code for r in codes[:2]] == [201, 201]
+    assert codes[2].status_code == 429 and 1 <= int(codes[2]["Retry-After"]) <= 60
+    # Bad signatures are refused before the limit: they cannot use up the source's budget.
+    assert post_signed(source, b"{}", secret="whsec_wrong").status_code == 401
+
+
+def test_field_map_is_validated():
+    with pytest.raises(ValueError, match="not a lead field"):
+        services.source_create(slug="bad", name="Bad", actor="test", field_map={"x": "password"})

@@ -1,0 +1,121 @@
+"""Per-client rate limits (429 + Retry-After) in Redis, shared by every process; fail open
+when Redis is unreachable. Page size is capped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from leads.models import ApiClient, Lead
+from security import ratelimit
+from tests.factories import api_client_with
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _redis_up():
+    ratelimit._state.down_until = ratelimit._state.last_warning = 0.0
+    yield
+    ratelimit._state.down_until = ratelimit._state.last_warning = 0.0
+
+
+def http(token: str) -> Client:
+    return Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+
+def limited_client(limit: int) -> tuple[ApiClient, str]:
+    client, token = api_client_with(["read"])
+    ApiClient.objects.filter(pk=client.pk).update(rate_limit_per_minute=limit)
+    return client, token
+
+
+@pytest.mark.django_db
+def test_over_the_client_limit_is_429_with_retry_after():
+    _, token = limited_client(3)
+    _, other = limited_client(3)
+    codes = [http(token).get("/api/v1/queue/").status_code for _ in range(3)]
+    assert codes == [200, 200, 200]
+    r = http(token).get("/api/v1/queue/")
+    assert r.status_code == 429
+    assert 1 <= int(r["Retry-After"]) <= 60
+    assert "throttled" in r.json()["detail"].lower()
+    # Another client has its own budget.
+    assert http(other).get("/api/v1/queue/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_without_a_limit_of_its_own_a_client_gets_the_default(settings):
+    settings.API_RATE_LIMIT_PER_MINUTE = 2
+    _, token = api_client_with(["read"])
+    assert [http(token).get("/api/v1/queue/").status_code for _ in range(3)] == [200, 200, 429]
+
+
+@pytest.mark.django_db
+def test_requests_without_a_valid_token_do_not_count():
+    _, token = limited_client(1)
+    for _ in range(3):
+        assert Client(HTTP_AUTHORIZATION="Bearer lr_wrong").get("/api/v1/queue/").status_code == 401
+    assert http(token).get("/api/v1/queue/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_redis_unreachable_fails_open_with_a_log_line(settings, caplog):
+    settings.RATE_LIMIT_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    _, token = limited_client(1)
+    with caplog.at_level(logging.WARNING, logger="security.ratelimit"):
+        codes = [http(token).get("/api/v1/queue/").status_code for _ in range(3)]
+    assert codes == [200, 200, 200]
+    warnings = [r for r in caplog.records if r.name == "security.ratelimit"]
+    assert len(warnings) == 1 and "not enforced" in warnings[0].getMessage()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_limit_holds_across_processes():
+    """Another OS process spends part of the budget; this one sees it spent."""
+    client, token = limited_client(5)
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    script = textwrap.dedent(
+        f"""
+        import django
+        django.setup()
+        from django.test import Client
+        c = Client(HTTP_AUTHORIZATION="Bearer {token}")
+        print(",".join(str(c.get("/api/v1/queue/").status_code) for _ in range(4)))
+        """
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "routing_project.settings.test",
+        "DATABASE_URL": url,
+        "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/15"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "200,200,200,200"
+    assert http(token).get("/api/v1/queue/").status_code == 200
+    assert http(token).get("/api/v1/queue/").status_code == 429
+
+
+@pytest.mark.django_db
+def test_page_size_is_capped_at_500(api):
+    now = timezone.now()
+    Lead.objects.bulk_create(
+        Lead(email=f"p{i}@x.example", email_normalized=f"p{i}@x.example", status="queued", created_at=now)
+        for i in range(501)
+    )
+    body = api.get("/api/v1/leads/?page_size=100000").json()
+    assert len(body["results"]) == 500 and body["count"] == 501
+    assert len(api.get("/api/v1/queue/?page_size=501").json()["results"]) == 500
