@@ -71,9 +71,11 @@ def lock_rotation(group_id: int) -> RotationState:
     """Takes the group's rotation row lock and returns it with the group read *after* the lock.
 
     FOR NO KEY UPDATE (not FOR UPDATE): it still serializes routing in the group, but does
-    not block inserts of leads and assignments that reference the group row.
+    not block inserts of leads and assignments that reference the group row. The group row
+    is locked in the same statement so that, after a wait, PostgreSQL re-reads it too: a
+    group deactivated or switched to another strategy while we waited is seen as it is now.
     """
-    qs = RotationState.objects.select_for_update(no_key=True, of=("self",)).select_related("group")
+    qs = RotationState.objects.select_for_update(no_key=True, of=("self", "group")).select_related("group")
     started = time.perf_counter()
     try:
         state = qs.get(group_id=group_id)

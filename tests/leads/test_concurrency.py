@@ -227,3 +227,29 @@ def test_concurrent_posts_of_one_email_make_one_lead(make_group):
     assert Lead.objects.count() == 1
     assert AuditEvent.objects.filter(type="lead.duplicate", lead_id=lead_id).count() == 7
     assert RotationState.objects.get(group__slug="g").turns == 1
+
+
+def test_group_deactivated_while_waiting_for_the_lock_queues_the_lead(make_group):
+    group, reps = make_group(2, slug="g")
+    _client, token = api_client_with(["intake"])
+    locked, release = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    def holder(_: int) -> None:
+        hold_rotation_lock(group.id, locked, release)
+
+    def requester(_: int) -> None:
+        locked.wait(10)
+        r = post(http_client(token), {"email": "waiting@x.example", "group": "g"})
+        outcome["body"] = r.json()
+
+    def controller(_: int) -> None:
+        locked.wait(10)
+        deadline = time.monotonic() + 10
+        while waiting_on_locks() < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        type(group).objects.filter(pk=group.pk).update(active=False)
+        release.set()
+
+    run_threads(3, lambda i: (holder, requester, controller)[i](i))
+    assert outcome["body"]["status"] == "queued" and "inactive" in outcome["body"]["queue_reason"]
