@@ -127,7 +127,8 @@ class RotationState(models.Model):
 
     `pointer` is the position the next turn starts from: round robin picks the first eligible
     member at or after it (wrapping) and moves it just past the member chosen. For weighted
-    groups `current_weights` holds each member's smooth-WRR running weight, keyed by rep id.
+    groups `current_weights` holds each member's place on the weighted virtual clock, keyed by
+    rep id (see rotation.strategies.weighted).
     """
 
     group = models.OneToOneField(Group, on_delete=models.CASCADE, primary_key=True, related_name="rotation")

@@ -6,6 +6,7 @@ and wrapping. The pointer then moves just past the member chosen, so a paused me
 its place and a member appended mid-cycle is reached in the current cycle.
 """
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -40,32 +41,71 @@ def round_robin(candidates: Sequence[Candidate], pointer: int) -> Pick:
     return Pick(None, pointer)
 
 
-def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str, int]) -> Pick:
-    """Smooth weighted round robin (as in nginx).
+SCALE_KEY = "_scale"
 
-    Each eligible member earns its weight; the one with the highest running weight is chosen
-    and pays back the eligible total. Over any window of sum(weights) turns among a stable
-    set, each member gets exactly its weight, interleaved. A member that is not eligible
-    earns nothing while away (its running weight is frozen), so it returns with no catch-up
-    burst. Ties go to rotation order.
+
+def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str, int]) -> Pick:
+    """Smooth weighted round robin, as stride scheduling over a virtual clock.
+
+    Member i's turns fall every `scale / w_i` ticks of virtual time (scale = 2 * lcm of the
+    weights); the member whose next turn is soonest is chosen, ties by position, and the
+    clock moves to that turn. So over any window of sum(weights) turns among a stable set
+    of eligible members, each gets exactly its weight, interleaved: the turns form one
+    periodic sequence, from *any* state. (nginx's running-weight form is only exact from a
+    fresh cycle: after a member pauses, the others' running weights no longer sum to zero
+    and the windows come out uneven.)
+
+    State, keyed by rep id, relative to the clock: `n >= 0` ticks until the member's next
+    turn; `-(n + 1)` while it is not eligible (the mark is how it is known to return). A
+    member away earns nothing: its lead over the clock decays to zero, and it returns no
+    sooner than half a stride away (a joiner starts there too; several entering at once
+    are spread over the stride), so there is no catch-up burst; and it returns after the
+    last turn taken, so the sequence stays periodic.
     """
-    members = {str(c.rep_id) for c in candidates}
-    weights = {k: v for k, v in current.items() if k in members}
-    order = rotation_order(candidates, pointer)
-    eligible = [c for c in order if c.eligible]
-    if not eligible:
-        return Pick(None, pointer, weights)
-    total = 0
-    for c in eligible:
+    scale = 2 * math.lcm(*(c.weight for c in candidates)) if candidates else 2
+    old_scale = int(current.get(SCALE_KEY) or scale)
+    ticks: dict[str, int] = {}
+    away: set[str] = set()
+    entering: list[Candidate] = []
+    for c in candidates:
         key = str(c.rep_id)
-        weights[key] = weights.get(key, 0) + c.weight
-        total += c.weight
-    best = eligible[0]
-    for c in eligible[1:]:
-        if weights[str(c.rep_id)] > weights[str(best.rep_id)]:
-            best = c
-    weights[str(best.rep_id)] -= total
-    return Pick(best.rep_id, best.position + 1, weights)
+        if not c.eligible:
+            away.add(key)
+        if key not in current:
+            ticks[key] = 0
+            entering.append(c)
+            continue
+        value = int(current[key])
+        if value < 0:
+            value = -value - 1
+            if c.eligible:
+                entering.append(c)
+        if old_scale != scale:  # the weights changed: same virtual time, new unit
+            value = -(-value * scale // old_scale)
+        ticks[key] = value
+    # Members entering (joining, or back) start no sooner than their share of a stride; several
+    # of one weight entering together are spread over the stride rather than bunched.
+    by_weight: dict[int, list[Candidate]] = {}
+    for c in sorted(entering, key=lambda c: (c.position, c.rep_id)):
+        by_weight.setdefault(c.weight, []).append(c)
+    for weight, group in by_weight.items():
+        stride = scale // weight
+        for j, c in enumerate(group):
+            ticks[str(c.rep_id)] = max(ticks[str(c.rep_id)], stride * (2 * j + 1) // (2 * len(group)), 1)
+    eligible = [c for c in sorted(candidates, key=lambda c: (c.position, c.rep_id)) if c.eligible]
+    chosen = min(eligible, key=lambda c: ticks[str(c.rep_id)]) if eligible else None
+    step = 0
+    if chosen is not None:
+        step = ticks[str(chosen.rep_id)]
+        ticks[str(chosen.rep_id)] += scale // chosen.weight
+    state = {}
+    for key, value in ticks.items():
+        value = max(value - step, 0)
+        state[key] = -value - 1 if key in away else value
+    state[SCALE_KEY] = scale
+    if chosen is None:
+        return Pick(None, pointer, state)
+    return Pick(chosen.rep_id, chosen.position + 1, state)
 
 
 def least_loaded(candidates: Sequence[Candidate], pointer: int) -> Pick:
