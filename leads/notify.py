@@ -7,10 +7,10 @@ Celery after commit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from notifications.models import OutboxMessage
 from notifications.services import outbox_add
 
 from .models import Lead
@@ -32,15 +32,22 @@ PAYLOAD_FIELDS = (
     "company_size",
     "external_id",
 )
+TIME_FIELDS = ("created_at", "assigned_at", "sla_due_at")
 
 
 def lead_payload(lead: Lead, **extra: Any) -> dict[str, Any]:
     """Plain data only: no queries when `lead.group` is loaded (intake sets it)."""
-    doc: dict[str, Any] = {f: getattr(lead, f) for f in PAYLOAD_FIELDS}
-    doc["group"] = lead.group.slug if lead.group is not None else None
-    doc["attributes"] = lead.attributes or {}
-    for name in ("created_at", "assigned_at", "sla_due_at"):
-        value: datetime | None = getattr(lead, name)
+    values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes")}
+    return lead_payload_values(values, lead.group.slug if lead.group is not None else None, **extra)
+
+
+def lead_payload_values(values: Mapping[str, Any], group: str | None, **extra: Any) -> dict[str, Any]:
+    """The same from a lead's column values (batch routing writes rows, not models)."""
+    doc: dict[str, Any] = {f: values.get(f) for f in PAYLOAD_FIELDS}
+    doc["group"] = group or None
+    doc["attributes"] = values.get("attributes") or {}
+    for name in TIME_FIELDS:
+        value: datetime | None = values.get(name)
         doc[name] = value.isoformat() if value else None
     return {"lead": doc, **extra}
 
@@ -54,16 +61,4 @@ def lead_notify(*, lead: Lead, event: str, reason: str, attempt: int, at: dateti
         rep_id=lead.owner_id,
         payload=lead_payload(lead, reason=reason, attempt=attempt),
         at=at,
-    )
-
-
-def lead_notify_message(*, lead: Lead, event: str, reason: str, attempt: int, at: datetime) -> OutboxMessage:
-    """The unsaved outbox row, for batch routing (`notifications.services.outbox_add_many`)."""
-    return OutboxMessage(
-        event=event,
-        lead_id=lead.id,
-        group_id=lead.group_id,
-        rep_id=lead.owner_id,
-        payload=lead_payload(lead, reason=reason, attempt=attempt),
-        created_at=at,
     )

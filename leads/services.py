@@ -21,7 +21,7 @@ from rotation.models import Group, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
 from routing_project import metrics
 
-from . import routing, scheduling
+from . import notify, routing, scheduling
 from .models import DEDUP_STATUSES, ApiClient, Assignment, IdempotencyRecord, Lead, LeadStatus
 
 logger = logging.getLogger(__name__)
@@ -329,6 +329,8 @@ def _intake_locked(
         # The SLA timer, published after commit; never blocks intake (the sweep catches up).
         scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=lead.sla_due_at)
         routing.advance(state, decision)
+        # Webhook and e-mail: an outbox row in this transaction, delivered by Celery after commit.
+        notify.lead_notify(lead=lead, event="lead.assigned", reason=Assignment.Reason.ROTATION, attempt=1, at=now)
         explanation.update({"reason": Assignment.Reason.ROTATION, "attempt": 1, "sla_due_at": _iso(lead.sla_due_at)})
         events.append(
             Event(AuditEvent.Type.LEAD_ASSIGNED, actor, lead.id, state.group.slug, decision.rep_id, explanation)

@@ -15,7 +15,6 @@ import logging
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from rotation.models import Rep
+from routing_project.bulkdb import rows_insert
 
 from .models import Delivery, OutboxMessage, WebhookEndpoint
 
@@ -60,12 +60,13 @@ def outbox_add(
     return message
 
 
-def outbox_add_many(*, messages: Iterable[OutboxMessage]) -> int:
-    """Bulk form for batch routing (bulk import): one INSERT, one drain task after commit."""
-    rows = OutboxMessage.objects.bulk_create(list(messages))
-    if rows:
+def outbox_add_many(*, messages: list[dict[str, Any]]) -> int:
+    """Bulk form for batch routing (bulk import): rows of OutboxMessage fields (event,
+    lead_id, group_id, rep_id, payload, created_at), one COPY, one drain task after commit."""
+    n = rows_insert(OutboxMessage, messages)
+    if n:
         transaction.on_commit(lambda: _enqueue("notifications.outbox_drain", None), robust=True)
-    return len(rows)
+    return n
 
 
 def _enqueue(task_name: str, arg: int | None) -> None:

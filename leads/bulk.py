@@ -1,0 +1,552 @@
+"""Bulk import: a CSV file of leads, streamed, validated like the API, routed in batches.
+
+The file is read row by row (the csv module over the open file; it is never loaded whole).
+Every row is validated with the API's own rules (`LeadInSerializer`); a bad row is reported
+with its line number and the rest are imported. A row whose `external_id` is already
+imported is skipped, so a re-run imports nothing new.
+
+Valid rows are routed in batches (`batch_size`, 500 by default), one transaction per batch,
+with the same locks in the same order as intake: the emails' advisory locks (dedup), then
+each group's rotation row once per batch (by group id), and the same steps under them:
+eligibility read after the lock (`routing.member_facts`), the pick (`routing.decide`, pure,
+called once per lead while the in-memory counts, pointer and weights move on), then the
+leads, assignments, audit events and outbox rows written with one INSERT each. Each lead
+gets the same audit events as intake (`lead.received`, then `lead.assigned` or
+`lead.queued`, or `lead.duplicate`) with the same explanation: rule, group and strategy,
+candidates and why, the pointer before and after.
+
+Holding a group's lock for a batch lifts the one-transaction-per-lead ceiling of a hot group:
+500 leads cost one lock, one eligibility read and a handful of INSERTs.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import connection, transaction
+from django.utils import timezone
+from rest_framework import serializers
+
+from audit.models import AuditEvent
+from audit.services import Event, audit_record_bulk
+from notifications.services import outbox_add_many
+from rotation.eligibility import MemberFacts
+from rotation.models import Group, RotationState
+from rotation.rules import lead_facts, match_rules
+from routing_project.bulkdb import ids_reserve, rows_insert, supports_copy
+
+from . import notify, routing
+from .api.serializers import LeadInSerializer
+from .models import DEDUP_STATUSES, Assignment, Lead, LeadStatus
+from .services import CONTACT_FIELDS, Resolution, active_rules, normalize_email
+
+BATCH_SIZE = 500
+MAX_ERRORS_KEPT = 1000
+ATTRIBUTE_PREFIX = "attributes."
+COLUMNS = tuple(LeadInSerializer().fields)
+MEMO_FIELDS = ("country", "region", "source", "product", "score", "company_size", "group")
+MEMO_SIZE = 10_000
+
+
+class ImportFormatError(ValueError):
+    """The file as a whole cannot be imported (no header, unknown columns)."""
+
+
+@dataclass
+class RowError:
+    line: int
+    errors: dict[str, list[str]]
+
+    def __str__(self) -> str:
+        parts = "; ".join(f"{name}: {' '.join(msgs)}" for name, msgs in self.errors.items())
+        return f"line {self.line}: {parts}"
+
+
+@dataclass
+class ImportReport:
+    import_id: str
+    rows: int = 0
+    imported: int = 0
+    assigned: int = 0
+    queued: int = 0
+    duplicates: int = 0
+    already_imported: int = 0
+    invalid: int = 0
+    batches: int = 0
+    errors: list[RowError] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (
+            f"{self.rows} rows: {self.imported} imported ({self.assigned} assigned, {self.queued} queued), "
+            f"{self.duplicates} duplicates, {self.already_imported} already imported, {self.invalid} invalid"
+        )
+
+
+@dataclass
+class _Row:
+    line: int
+    data: dict[str, Any]
+    raw: dict[str, str]
+    requested: Group | None
+    resolution: Resolution
+    email_normalized: str
+
+
+class _RowValidator:
+    """The API's validation (`LeadInSerializer`'s own fields and `validate_<field>` hooks),
+    without building a serializer per row; the group look-up is cached for the whole file.
+    The header was checked already, so every key names a field."""
+
+    def __init__(self, groups: dict[str, Group]) -> None:
+        self.serializer = LeadInSerializer()
+        self.fields = dict(self.serializer.fields)
+        self.hooks = {name: getattr(self.serializer, f"validate_{name}", None) for name in self.fields}
+        self.groups = groups
+        # Fields with few distinct values are validated once per value (the checks are pure).
+        self.memo: dict[str, dict[Any, tuple[bool, Any]]] = {name: {} for name in MEMO_FIELDS}
+
+    def _field(self, name: str, value: Any) -> tuple[bool, Any]:
+        try:
+            validated = self.fields[name].run_validation(value)
+            if name == "group":
+                validated = self.groups.get(validated)
+                if validated is None:
+                    raise serializers.ValidationError(f"No group with slug '{value}'.")
+            elif (hook := self.hooks[name]) is not None:
+                validated = hook(validated)
+            return True, validated
+        except serializers.ValidationError as exc:
+            return False, exc.detail
+        except DjangoValidationError as exc:
+            return False, exc.messages
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        errors: dict[str, Any] = {}
+        for name, value in data.items():
+            memo = self.memo.get(name)
+            if memo is not None and value in memo:
+                ok, result = memo[value]
+            else:
+                ok, result = self._field(name, value)
+                if memo is not None:
+                    if len(memo) >= MEMO_SIZE:
+                        memo.clear()  # bounded: memory stays flat on any file
+                    memo[value] = (ok, result)
+            if ok:
+                out[name] = result
+            else:
+                errors[name] = result
+        if "email" not in data:
+            errors["email"] = ["This field is required."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return out
+
+
+def count_rows(path: str) -> int:
+    """Data rows in a CSV file (lines less the header), streamed: for the progress bar."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    if last != b"\n":
+        lines += 1
+    return max(lines - 1, 0)
+
+
+def leads_import(
+    *,
+    lines: Iterable[str],
+    actor: str,
+    batch_size: int = BATCH_SIZE,
+    notify_reps: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> ImportReport:
+    """Imports and routes the leads of a CSV stream (an open text file, newline="")."""
+    report = ImportReport(import_id=f"import-{uuid.uuid4().hex[:12]}")
+    reader = csv.reader(lines)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise ImportFormatError("The file is empty: it needs a header row naming the columns.") from None
+    columns = _check_header(header)
+    groups = {g.slug: g for g in Group.objects.all()}
+    rules = active_rules()
+    validator = _RowValidator(groups)
+    batch: list[_Row] = []
+    line = reader.line_num
+    for cells in reader:
+        start, line = line + 1, reader.line_num  # a quoted cell may span lines: report the first
+        if not any(c.strip() for c in cells):
+            continue
+        report.rows += 1
+        row = _validate(start, columns, cells, validator, groups, rules, report)
+        if row is not None:
+            batch.append(row)
+        if len(batch) >= batch_size:
+            _route_batch(batch, actor=actor, report=report, notify_reps=notify_reps)
+            if progress:
+                progress(len(batch))
+            batch = []
+        elif row is None and progress:
+            progress(1)
+    if batch:
+        _route_batch(batch, actor=actor, report=report, notify_reps=notify_reps)
+        if progress:
+            progress(len(batch))
+    return report
+
+
+def _check_header(header: list[str]) -> list[str]:
+    columns = [h.strip().lower() for h in header]
+    unknown = [
+        c for c in columns if c not in COLUMNS and not (c.startswith(ATTRIBUTE_PREFIX) and c != ATTRIBUTE_PREFIX)
+    ]
+    problems = []
+    if unknown:
+        problems.append(f"unknown columns: {', '.join(repr(c) for c in unknown[:20])}")
+    if "email" not in columns:
+        problems.append("the required column 'email' is missing")
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        problems.append(f"repeated columns: {', '.join(repeated)}")
+    if problems:
+        known = ", ".join(COLUMNS)
+        raise ImportFormatError(f"Bad header ({'; '.join(problems)}). Columns are {known} and attributes.<key>.")
+    return columns
+
+
+def _validate(
+    line: int,
+    columns: list[str],
+    cells: list[str],
+    validator: _RowValidator,
+    groups: dict[str, Group],
+    rules: list[Any],
+    report: ImportReport,
+) -> _Row | None:
+    raw: dict[str, str] = {}
+    data: dict[str, Any] = {}
+    attributes: dict[str, Any] = {}
+    errors: dict[str, list[str]] = {}
+    if len(cells) > len(columns):
+        errors["row"] = [f"{len(cells)} cells for {len(columns)} columns."]
+    for name, value in zip(columns, cells, strict=False):
+        value = value.strip()
+        if not value:
+            continue
+        raw[name] = value
+        if name.startswith(ATTRIBUTE_PREFIX):
+            attributes[name[len(ATTRIBUTE_PREFIX) :]] = value
+        elif name == "attributes":
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                errors["attributes"] = ["Must be a JSON object."]
+                continue
+            if isinstance(parsed, dict):
+                attributes = {**parsed, **attributes}
+            else:
+                errors["attributes"] = ["Must be a JSON object."]
+        else:
+            data[name] = value
+    if attributes:
+        data["attributes"] = attributes
+    if not errors:
+        try:
+            data = validator(data)
+        except serializers.ValidationError as exc:
+            detail = exc.detail if isinstance(exc.detail, dict) else {"row": exc.detail}
+            errors = {str(k): [str(m) for m in (v if isinstance(v, list) else [v])] for k, v in detail.items()}
+    if errors:
+        report.invalid += 1
+        if len(report.errors) < MAX_ERRORS_KEPT:
+            report.errors.append(RowError(line, errors))
+        return None
+    data = dict(data)
+    requested: Group | None = data.pop("group", None)
+    # The same resolution as intake: first rule by priority, the row's group, the default group.
+    match = match_rules(rules, lead_facts(data))
+    if match.rule is not None:
+        resolution = Resolution(groups.get(match.rule.group_slug), match.rule.name, match.tried, "rule")
+    elif requested is not None:
+        resolution = Resolution(requested, None, match.tried, "requested")
+    else:
+        default = next((g for g in groups.values() if g.is_default), None)
+        resolution = Resolution(default, None, match.tried, "default" if default else "none")
+    return _Row(line, data, raw, requested, resolution, normalize_email(data["email"]))
+
+
+@dataclass
+class _GroupTurn:
+    """A group's rotation while a batch is routed: locked once, advanced in memory."""
+
+    state: RotationState
+    facts: list[MemberFacts]
+    index: dict[int, int]
+    assigned: int = 0
+
+
+def _route_batch(rows: list[_Row], *, actor: str, report: ImportReport, notify_reps: bool) -> None:
+    with transaction.atomic():
+        _route_batch_locked(rows, actor=actor, report=report, notify_reps=notify_reps)
+    report.batches += 1
+
+
+def _lock_import_and_emails(emails: list[str]) -> None:
+    """Imports serialize on one advisory lock (so their external_id checks are exact), then
+    take the emails' locks (intake's first lock) in one fixed order: no deadlock with intake,
+    which holds at most one email lock when it asks for a rotation row."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended('leads.bulk_import', 0))")
+        cursor.execute(
+            "SELECT count(pg_advisory_xact_lock(k)) FROM "
+            "(SELECT DISTINCT hashtextextended(e, 0) AS k FROM unnest(%s::text[]) AS e ORDER BY k) AS keys",
+            [sorted(set(emails))],
+        )
+
+
+def _route_batch_locked(rows: list[_Row], *, actor: str, report: ImportReport, notify_reps: bool) -> None:
+    now = timezone.now()
+    routing.set_lock_timeout()
+    _lock_import_and_emails([r.email_normalized for r in rows])
+
+    # Idempotency by external_id: rows already imported (by an earlier run or batch) are skipped.
+    external_ids = {r.data["external_id"] for r in rows if r.data.get("external_id")}
+    done_ids = set(Lead.objects.filter(external_id__in=external_ids).values_list("external_id", flat=True))
+
+    # Dedup, as intake: the newest open or queued lead of the email within the group's window.
+    windows = {r.resolution.group.dedup_days if r.resolution.group else 30 for r in rows}
+    open_by_email: dict[str, tuple[int, datetime, int | None, int | None]] = {}
+    for lead_id, email, created_at, group_id, owner_id in (
+        Lead.objects.filter(
+            email_normalized__in={r.email_normalized for r in rows},
+            status__in=DEDUP_STATUSES,
+            created_at__gte=now - timedelta(days=max(windows)),
+        )
+        .order_by("id")
+        .values_list("id", "email_normalized", "created_at", "group_id", "owner_id")
+    ):
+        open_by_email[email] = (lead_id, created_at, group_id, owner_id)
+    slugs = dict(Group.objects.filter(pk__in={v[2] for v in open_by_email.values()}).values_list("id", "slug"))
+
+    # The locks: each group's rotation row once for the whole batch, in group id order.
+    turns: dict[int, _GroupTurn] = {}
+    for group_id in sorted({r.resolution.group.id for r in rows if r.resolution.group is not None}):
+        state = routing.lock_rotation(group_id)
+        facts = routing.member_facts(state.group, now) if state.group.active else []
+        turns[group_id] = _GroupTurn(state, facts, {f.rep_id: i for i, f in enumerate(facts)})
+
+    new: list[_NewLead] = []
+    duplicates: list[tuple[_NewLead | int, str, int | None, _Row, int]] = []
+    batch_external: set[str] = set()
+    batch_email: dict[str, _NewLead] = {}
+    for row in rows:
+        ext = row.data.get("external_id") or ""
+        if ext and (ext in done_ids or ext in batch_external):
+            report.already_imported += 1
+            continue
+        if ext:
+            batch_external.add(ext)
+        group = turns[row.resolution.group.id].state.group if row.resolution.group is not None else None
+        window = group.dedup_days if group else 30
+        if row.email_normalized in batch_email:
+            first = batch_email[row.email_normalized]
+            duplicates.append((first, first.values["group_slug"], first.values["owner_id"], row, window))
+            continue
+        existing = open_by_email.get(row.email_normalized)
+        if existing is not None and existing[1] >= now - timedelta(days=window):
+            slug = slugs.get(existing[2], "") if existing[2] else ""
+            duplicates.append((existing[0], slug, existing[3], row, window))
+            continue
+        lead = _route_one(row, group, turns, now)
+        new.append(lead)
+        batch_email[row.email_normalized] = lead
+
+    _leads_write(new)
+    assigned = [lead for lead in new if lead.kind == AuditEvent.Type.LEAD_ASSIGNED]
+    rows_insert(
+        Assignment,
+        [
+            {
+                "lead_id": lead.values["id"],
+                "rep_id": lead.values["owner_id"],
+                "group_id": lead.values["group_id"],
+                "attempt": 1,
+                "reason": Assignment.Reason.ROTATION,
+                "started_at": now,
+                "due_at": lead.values["sla_due_at"],
+            }
+            for lead in assigned
+        ],
+    )
+    for turn in turns.values():
+        if turn.assigned:
+            turn.state.turns += turn.assigned
+            turn.state.save(update_fields=["pointer", "current_weights", "turns", "updated_at"])
+
+    events: list[Event] = []
+    for lead in new:
+        v = lead.values
+        received = {
+            "source": v["source"],
+            "external_id": v["external_id"],
+            "requested_group": v["requested_group"] or None,
+            "client": None,
+            "import": report.import_id,
+            "line": lead.line,
+        }
+        events.append(Event(AuditEvent.Type.LEAD_RECEIVED, actor, v["id"], v["group_slug"], None, received))
+        events.append(Event(lead.kind, actor, v["id"], v["group_slug"], v["owner_id"], lead.explanation))
+    for target, dup_slug, dup_owner, row, window in duplicates:
+        target_id: int = target.values["id"] if isinstance(target, _NewLead) else target
+        explanation: dict[str, Any] = {
+            "duplicate_of": target_id,
+            "dedup_days": window,
+            "source": row.data.get("source") or "",
+            "external_id": row.data.get("external_id") or "",
+            "note": "same email has an open lead; no new rotation turn",
+            "import": report.import_id,
+            "line": row.line,
+        }
+        events.append(Event(AuditEvent.Type.LEAD_DUPLICATE, actor, target_id, dup_slug, dup_owner, explanation))
+    audit_record_bulk(events=events, request_id=report.import_id)
+    if notify_reps and assigned:
+        outbox_add_many(
+            messages=[
+                {
+                    "event": "lead.assigned",
+                    "lead_id": lead.values["id"],
+                    "group_id": lead.values["group_id"],
+                    "rep_id": lead.values["owner_id"],
+                    "payload": notify.lead_payload_values(
+                        lead.values, lead.values["group_slug"], reason=Assignment.Reason.ROTATION, attempt=1
+                    ),
+                    "created_at": now,
+                }
+                for lead in assigned
+            ]
+        )
+    report.imported += len(new)
+    report.assigned += len(assigned)
+    report.queued += len(new) - len(assigned)
+    report.duplicates += len(duplicates)
+
+
+@dataclass
+class _NewLead:
+    """A lead to write, as plain column values (attnames), with its routing outcome."""
+
+    line: int
+    values: dict[str, Any]
+    kind: str  # lead.assigned or lead.queued
+    explanation: dict[str, Any]
+
+
+def _leads_write(leads: list[_NewLead]) -> None:
+    """Gives the leads their ids and writes them (COPY on PostgreSQL)."""
+    if not leads:
+        return
+    if supports_copy():
+        for lead, lead_id in zip(leads, ids_reserve(Lead, len(leads)), strict=True):
+            lead.values["id"] = lead_id
+        rows_insert(Lead, [lead.values for lead in leads])
+        return
+    objs = [Lead(**{k: v for k, v in lead.values.items() if k != "group_slug"}) for lead in leads]
+    Lead.objects.bulk_create(objs)
+    for lead, obj in zip(leads, objs, strict=True):
+        lead.values["id"] = obj.id
+
+
+def _route_one(row: _Row, group: Group | None, turns: dict[int, _GroupTurn], now: datetime) -> _NewLead:
+    """Routes one lead against its group's in-memory rotation (the lock is held)."""
+    data = row.data
+    values: dict[str, Any] = {
+        "email": data["email"],
+        "email_normalized": row.email_normalized,
+        **{f: data.get(f) or "" for f in CONTACT_FIELDS if f != "email"},
+        "country": data.get("country") or "",
+        "region": data.get("region") or "",
+        "source": data.get("source") or "",
+        "product": data.get("product") or "",
+        "score": data.get("score"),
+        "company_size": data.get("company_size"),
+        "external_id": data.get("external_id") or "",
+        "attributes": data.get("attributes") or {},
+        "raw_payload": row.raw,
+        "requested_group": row.requested.slug if row.requested else "",
+        "created_at": now,
+        "group_id": group.id if group else None,
+        "group_slug": group.slug if group else "",
+        "owner_id": None,
+        "assigned_at": None,
+        "sla_due_at": None,
+        "queue_reason": "",
+    }
+    explanation: dict[str, Any] = row.resolution.explanation()
+    if group is None:
+        values["queue_reason"] = "no rule matched and there is no default group"
+    else:
+        explanation.update({"group": group.slug, "strategy": group.strategy})
+        turn = turns[group.id]
+        if not group.active:
+            values["queue_reason"] = f"group '{group.slug}' is inactive"
+        else:
+            state = turn.state
+            decision = routing.decide(
+                strategy=group.strategy,
+                pointer=state.pointer,
+                current_weights=state.current_weights or {},
+                facts=turn.facts,
+                now=now,
+            )
+            explanation.update(decision.explanation())
+            if decision.rep_id is None:
+                values["queue_reason"] = (
+                    f"no eligible rep in group '{group.slug}'" if turn.facts else f"group '{group.slug}' has no members"
+                )
+            else:
+                due = routing.sla_due(group, now)
+                values.update(status=LeadStatus.ASSIGNED, owner_id=decision.rep_id, assigned_at=now, sla_due_at=due)
+                # Move the rotation on in memory; written once at the end of the batch.
+                state.pointer = decision.pointer_after
+                state.current_weights = decision.weights_after
+                turn.assigned += 1
+                i = turn.index[decision.rep_id]
+                f = turn.facts[i]
+                turn.facts[i] = dataclasses.replace(f, open=f.open + 1, assigned_today=f.assigned_today + 1)
+                explanation.update(
+                    {"reason": Assignment.Reason.ROTATION, "attempt": 1, "sla_due_at": due.isoformat() if due else None}
+                )
+                return _NewLead(row.line, values, AuditEvent.Type.LEAD_ASSIGNED, explanation)
+    values["status"] = LeadStatus.QUEUED
+    explanation["queue_reason"] = values["queue_reason"]
+    return _NewLead(row.line, values, AuditEvent.Type.LEAD_QUEUED, explanation)
+
+
+def iter_text(chunks: Iterator[bytes], encoding: str = "utf-8-sig") -> Iterator[str]:
+    """Decodes an uploaded file's chunks into lines without reading it whole."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+    pending = ""
+    for chunk in chunks:
+        pending += decoder.decode(chunk)
+        *complete, pending = pending.split("\n")
+        for line in complete:
+            yield line + "\n"
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield pending

@@ -1,0 +1,62 @@
+import getpass
+import time
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from tqdm import tqdm
+
+from leads.bulk import BATCH_SIZE, ImportFormatError, count_rows, leads_import
+
+
+class Command(BaseCommand):
+    help = (
+        "Imports and routes the leads of a CSV file (header: the API's lead fields, plus "
+        "attributes.<key> columns). Streams the file, reports bad rows by line number and "
+        "imports the rest; rows whose external_id was imported already are skipped."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file", type=Path)
+        parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="Leads per locked transaction.")
+        parser.add_argument("--no-notify", action="store_true", help="Send no webhooks or e-mails for these leads.")
+        parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+        parser.add_argument("--show-errors", type=int, default=50, help="How many bad rows to print.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        path: Path = options["file"]
+        if not path.is_file():
+            raise CommandError(f"No such file: {path}")
+        if options["batch_size"] < 1:
+            raise CommandError("--batch-size must be at least 1.")
+        actor = f"import:{getpass.getuser()}:{path.name}"
+        started = time.perf_counter()
+        bar = tqdm(
+            total=count_rows(str(path)),
+            unit="lead",
+            unit_scale=True,
+            disable=options["no_progress"],
+            file=self.stderr._out,
+        )
+        try:
+            with open(path, encoding="utf-8-sig", newline="") as lines:
+                report = leads_import(
+                    lines=lines,
+                    actor=actor,
+                    batch_size=options["batch_size"],
+                    notify_reps=not options["no_notify"],
+                    progress=bar.update,
+                )
+        except ImportFormatError as exc:
+            raise CommandError(str(exc)) from exc
+        except UnicodeDecodeError as exc:
+            raise CommandError(f"The file is not UTF-8 text: {exc}") from exc
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - started
+        for error in report.errors[: options["show_errors"]]:
+            self.stderr.write(str(error))
+        if report.invalid > options["show_errors"]:
+            self.stderr.write(f"... and {report.invalid - options['show_errors']} more bad rows")
+        rate = report.rows / elapsed if elapsed else 0
+        self.stdout.write(f"{report.summary()} in {elapsed:.1f} s ({rate:.0f} rows/s), import id {report.import_id}")
