@@ -5,6 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from hooks.views import HookView
 from leads.api.views import LeadViewSet, QueueView, RotationView
+from rotation.api.rules import AbsenceViewSet, RuleViewSet
 from rotation.api.views import GroupViewSet, MembershipViewSet, RepViewSet
 
 from . import health, metrics
@@ -15,6 +16,8 @@ router.register("leads", LeadViewSet, basename="lead")
 router.register("groups", GroupViewSet, basename="group")
 router.register("reps", RepViewSet, basename="rep")
 router.register(r"groups/(?P<group_slug>[-a-zA-Z0-9_]+)/members", MembershipViewSet, basename="membership")
+router.register("rules", RuleViewSet, basename="rule")
+router.register(r"reps/(?P<rep_id>[0-9]+)/absences", AbsenceViewSet, basename="absence")
 
 api_v1: list[URLPattern | URLResolver] = [
     path("hooks/<slug:source>/", HookView.as_view(), name="hook-intake"),
@@ -36,3 +39,6 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),
 ]
+
+handler404 = "routing_project.error_views.not_found"
+handler500 = "routing_project.error_views.server_error"

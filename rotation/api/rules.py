@@ -1,0 +1,138 @@
+"""Routing rules and out-of-office windows over the API (manage scope); writes go through the
+audited services in rotation/services.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from rotation import services
+from rotation.models import Absence, Group, Rep, RoutingRule
+from rotation.rules import RuleError, validate_conditions
+from routing_project.api import RejectUnknownFieldsMixin
+
+from .views import ERRORS, actor_of
+
+CONDITIONS_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "field": {"type": "string", "description": "a lead field or attributes.<key>"},
+            "op": {"type": "string", "enum": ["equals", "in", "not_in", "contains", "gte", "lte", "exists"]},
+            "value": {},
+        },
+        "required": ["field", "op"],
+    },
+}
+
+
+@extend_schema_field(CONDITIONS_SCHEMA)
+class ConditionsField(serializers.JSONField):
+    pass
+
+
+class RuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    group = serializers.SlugRelatedField(slug_field="slug", queryset=Group.objects.all())
+    priority = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    conditions = ConditionsField()
+
+    class Meta:
+        model = RoutingRule
+        fields = ["id", "name", "priority", "conditions", "group", "active"]
+
+    def validate_conditions(self, value: Any) -> list[dict[str, Any]]:
+        """A rule that cannot be evaluated cannot be saved: every problem is named."""
+        try:
+            return validate_conditions(value)
+        except RuleError as exc:
+            raise serializers.ValidationError(exc.messages) from None
+
+
+@extend_schema_view(
+    list=extend_schema(responses={200: RuleSerializer(many=True), **ERRORS}),
+    create=extend_schema(responses={201: RuleSerializer, **ERRORS}),
+    retrieve=extend_schema(responses={200: RuleSerializer, **ERRORS}),
+    partial_update=extend_schema(responses={200: RuleSerializer, **ERRORS}),
+    update=extend_schema(responses={200: RuleSerializer, **ERRORS}),
+    destroy=extend_schema(responses={204: None, **ERRORS}),
+)
+class RuleViewSet(viewsets.ModelViewSet):
+    """Routing rules, tried by ascending priority; the first whose conditions all hold wins."""
+
+    serializer_class = RuleSerializer
+    required_scope = "manage"
+    lookup_value_regex = r"[0-9]+"
+    queryset = RoutingRule.objects.select_related("group").order_by("priority", "id")
+
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        serializer.instance = services.rule_save(
+            rule=RoutingRule(**serializer.validated_data), actor=actor_of(self.request)
+        )
+
+    def perform_update(self, serializer: serializers.BaseSerializer) -> None:
+        rule = serializer.instance
+        assert isinstance(rule, RoutingRule)
+        for name, value in serializer.validated_data.items():
+            setattr(rule, name, value)
+        services.rule_save(rule=rule, actor=actor_of(self.request), changed=list(serializer.validated_data))
+
+    def perform_destroy(self, instance: RoutingRule) -> None:
+        services.rule_delete(rule=instance, actor=actor_of(self.request))
+
+
+class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+    class Meta:
+        model = Absence
+        fields = ["id", "starts_at", "ends_at", "reason"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["ends_at"] <= attrs["starts_at"]:
+            raise serializers.ValidationError({"ends_at": ["Must be after starts_at."]})
+        return attrs
+
+
+@extend_schema_view(
+    list=extend_schema(responses={200: AbsenceSerializer(many=True), **ERRORS}),
+    create=extend_schema(responses={201: AbsenceSerializer, **ERRORS}),
+    destroy=extend_schema(responses={204: None, **ERRORS}),
+)
+class AbsenceViewSet(
+    mixins.CreateModelMixin,
+    mixins.ListModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """A rep's out-of-office windows: the rep is not eligible anywhere while one lasts."""
+
+    serializer_class = AbsenceSerializer
+    required_scope = "manage"
+    pagination_class = None
+    lookup_value_regex = r"[0-9]+"
+
+    def get_rep(self) -> Rep:
+        if not hasattr(self, "_rep"):
+            self._rep = get_object_or_404(Rep, pk=self.kwargs["rep_id"])
+        return self._rep
+
+    def get_queryset(self) -> QuerySet[Absence]:
+        if getattr(self, "swagger_fake_view", False):
+            return Absence.objects.none()
+        return Absence.objects.filter(rep=self.get_rep()).order_by("starts_at", "id")
+
+    def perform_create(self, serializer: serializers.BaseSerializer) -> None:
+        serializer.instance = services.absence_add(
+            absence=Absence(rep=self.get_rep(), **serializer.validated_data), actor=actor_of(self.request)
+        )
+
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        services.absence_remove(absence=self.get_object(), actor=actor_of(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)

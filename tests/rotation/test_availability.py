@@ -1,0 +1,218 @@
+"""Caps, out-of-office windows and working hours (rep's time zone, across DST), at the API and
+service level, with the skip reason in the audit explanation."""
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from leads.models import Assignment, Lead
+from leads.routing import day_start
+from rotation.eligibility import DAYS, MemberFacts, eligibility, within_working_hours
+from rotation.models import Absence, Membership
+from tests.conftest import lead_body
+
+pytestmark = pytest.mark.django_db
+
+
+def post(api, slug, **fields):
+    r = api.post("/api/v1/leads/", lead_body(group=slug, **fields), format="json")
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def candidates(lead_id: int) -> dict[int, dict]:
+    event = AuditEvent.objects.filter(lead_id=lead_id, type__in=["lead.assigned", "lead.queued"]).get()
+    return {c["rep"]: c for c in event.explanation["candidates"]}
+
+
+# --- absences API ------------------------------------------------------------------------------
+
+
+def test_absences_api(api, make_group):
+    _, (rep,) = make_group(1)
+    url = f"/api/v1/reps/{rep.id}/absences/"
+    now = timezone.now()
+    body = {"starts_at": now.isoformat(), "ends_at": (now + timedelta(days=2)).isoformat(), "reason": "holiday"}
+    r = api.post(url, body, format="json")
+    assert r.status_code == 201, r.content
+    absence = r.json()
+    assert set(absence) == {"id", "starts_at", "ends_at", "reason"} and absence["reason"] == "holiday"
+    assert [a["id"] for a in api.get(url).json()] == [absence["id"]]
+    assert api.delete(f"{url}{absence['id']}/").status_code == 204
+    assert api.get(url).json() == []
+    assert api.delete(f"{url}{absence['id']}/").status_code == 404
+    actions = [e.explanation["action"] for e in AuditEvent.objects.filter(type="absence.changed").order_by("id")]
+    assert actions == ["created", "deleted"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"starts_at": "2030-01-02T00:00:00Z", "ends_at": "2030-01-01T00:00:00Z"}, "ends_at"),
+        ({"starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-01T00:00:00Z"}, "ends_at"),
+        ({"starts_at": "tomorrow", "ends_at": "2030-01-01T00:00:00Z"}, "starts_at"),
+        ({"ends_at": "2030-01-01T00:00:00Z"}, "starts_at"),
+        ({"starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-02T00:00:00Z", "why": "x"}, "why"),
+    ],
+)
+def test_bad_absence_is_400(api, make_group, body, field):
+    _, (rep,) = make_group(1)
+    r = api.post(f"/api/v1/reps/{rep.id}/absences/", body, format="json")
+    assert r.status_code == 400 and field in r.json(), r.content
+    assert not Absence.objects.exists()
+
+
+def test_absences_of_unknown_rep_and_scope(api, api_with):
+    assert api.get("/api/v1/reps/999999/absences/").status_code == 404
+    assert api_with(["read"]).get("/api/v1/reps/1/absences/").status_code == 403
+
+
+def test_rep_out_of_office_is_skipped_and_keeps_its_place(api, make_group):
+    group, (a, b, c) = make_group(3, slug="pool")
+    now = timezone.now()
+    r = api.post(
+        f"/api/v1/reps/{b.id}/absences/",
+        {"starts_at": (now - timedelta(hours=1)).isoformat(), "ends_at": (now + timedelta(hours=1)).isoformat()},
+        format="json",
+    )
+    absence_id = r.json()["id"]
+    owners = [post(api, "pool")["owner"]["id"] for _ in range(2)]
+    assert owners == [a.id, c.id]
+    lead = Lead.objects.order_by("id").first()
+    assert candidates(lead.id)[b.id]["reason"].startswith("out of office until")
+    api.delete(f"/api/v1/reps/{b.id}/absences/{absence_id}/")
+    assert [post(api, "pool")["owner"]["id"] for _ in range(3)] == [a.id, b.id, c.id]
+
+
+# --- caps --------------------------------------------------------------------------------------
+
+
+def test_max_open_cap_skips_and_frees_on_close(api, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    Membership.objects.filter(rep=a).update(max_open=1)
+    owners = [post(api, "pool")["owner"]["id"] for _ in range(3)]
+    assert owners == [a.id, b.id, b.id]
+    third = Lead.objects.order_by("-id").first()
+    assert candidates(third.id)[a.id]["reason"] == "at max_open cap (1/1)"
+    Lead.objects.filter(owner=a).update(status="closed", owner=None, outcome="won")
+    assert post(api, "pool")["owner"]["id"] == a.id
+
+
+def test_cap_of_zero_takes_nothing(api, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    Membership.objects.filter(rep=a).update(max_per_day=0)
+    Membership.objects.filter(rep=b).update(max_open=0)
+    body = post(api, "pool")
+    assert body["status"] == "queued" and "no eligible rep" in body["queue_reason"]
+    reasons = candidates(body["id"])
+    assert reasons[a.id]["reason"] == "at max_per_day cap (0/0)"
+    assert reasons[b.id]["reason"] == "at max_open cap (0/0)"
+
+
+@pytest.mark.parametrize("tz", ["Pacific/Kiritimati", "Pacific/Pago_Pago", "Europe/Paris", "UTC"])
+def test_max_per_day_counts_the_groups_day(api, make_group, tz):
+    group, (a, b) = make_group(2, slug="pool", timezone=tz)
+    Membership.objects.filter(rep=a).update(max_per_day=1)
+    first = post(api, "pool")
+    assert first["owner"]["id"] == a.id
+    start = day_start(timezone.now(), tz)
+    # Yesterday in the group's time zone: does not count, whatever the UTC date says.
+    Assignment.objects.filter(lead_id=first["id"]).update(started_at=start - timedelta(seconds=1))
+    Membership.objects.filter(rep=b).update(active=False)
+    assert post(api, "pool")["owner"]["id"] == a.id  # first of the group's day
+    blocked = post(api, "pool")
+    assert blocked["status"] == "queued"
+    assert candidates(blocked["id"])[a.id]["reason"] == "at max_per_day cap (1/1)"
+
+
+def test_moved_leads_still_count_toward_the_day(api, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    Membership.objects.filter(rep=a).update(max_per_day=1)
+    first = post(api, "pool")
+    # The lead was moved away later (ended assignment): it still counts for the day.
+    Assignment.objects.filter(lead_id=first["id"]).update(ended_at=timezone.now(), end_reason="manual")
+    Membership.objects.filter(rep=b).update(active=False)
+    assert post(api, "pool")["status"] == "queued"
+
+
+# --- working hours and DST ---------------------------------------------------------------------
+
+
+def test_rep_outside_working_hours_is_skipped(api, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    tz = "Asia/Kolkata"
+    local = timezone.now().astimezone(ZoneInfo(tz))
+    today = DAYS[local.weekday()]
+    # Hours that ended an hour ago (or, just after midnight, that start in an hour).
+    if local.hour >= 2:
+        span = ["00:00", f"{local.hour - 1:02d}:00"]
+    else:
+        span = [f"{local.hour + 1:02d}:00", "23:00"]
+    r = api.patch(f"/api/v1/reps/{a.id}/", {"timezone": tz, "working_hours": {today: [span]}}, format="json")
+    assert r.status_code == 200, r.content
+    body = post(api, "pool")
+    assert body["owner"]["id"] == b.id
+    assert candidates(body["id"])[a.id]["reason"] == "outside working hours"
+    api.patch(f"/api/v1/reps/{a.id}/", {"working_hours": None}, format="json")
+    assert post(api, "pool")["owner"]["id"] == a.id
+
+
+@pytest.mark.parametrize(
+    "hours",
+    [{"mon": [["17:00", "09:00"]]}, {"monday": [["09:00", "17:00"]]}, {"mon": [["9am", "5pm"]]}, ["09:00"]],
+)
+def test_bad_working_hours_are_400(api, make_group, hours):
+    _, (rep,) = make_group(1)
+    r = api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": hours}, format="json")
+    assert r.status_code == 400 and "working_hours" in r.json()
+
+
+NINE_TO_FIVE = {day: [["09:00", "17:00"]] for day in DAYS[:5]}
+
+
+@pytest.mark.parametrize(
+    ("tz", "utc", "inside"),
+    [
+        # New York: EST (UTC-5) until 2026-03-08, then EDT (UTC-4).
+        ("America/New_York", datetime(2026, 3, 6, 13, 30, tzinfo=UTC), False),  # 08:30 EST
+        ("America/New_York", datetime(2026, 3, 6, 14, 30, tzinfo=UTC), True),  # 09:30 EST
+        ("America/New_York", datetime(2026, 3, 9, 13, 30, tzinfo=UTC), True),  # 09:30 EDT
+        ("America/New_York", datetime(2026, 3, 9, 21, 30, tzinfo=UTC), False),  # 17:30 EDT
+        ("America/New_York", datetime(2026, 3, 6, 21, 30, tzinfo=UTC), True),  # 16:30 EST
+        # London: BST (UTC+1) until 2026-10-25, then GMT.
+        ("Europe/London", datetime(2026, 10, 23, 8, 30, tzinfo=UTC), True),  # 09:30 BST
+        ("Europe/London", datetime(2026, 10, 26, 8, 30, tzinfo=UTC), False),  # 08:30 GMT
+        ("Europe/London", datetime(2026, 10, 26, 16, 30, tzinfo=UTC), True),  # 16:30 GMT
+        ("Europe/London", datetime(2026, 10, 23, 16, 30, tzinfo=UTC), False),  # 17:30 BST
+        # Sydney: AEDT (UTC+11) until 2026-04-05, then AEST (UTC+10).
+        ("Australia/Sydney", datetime(2026, 4, 2, 22, 30, tzinfo=UTC), True),  # Fri 09:30 AEDT
+        ("Australia/Sydney", datetime(2026, 4, 5, 22, 30, tzinfo=UTC), False),  # Mon 08:30 AEST
+        # Weekend, whatever the hour.
+        ("America/New_York", datetime(2026, 3, 7, 15, 0, tzinfo=UTC), False),
+    ],
+)
+def test_working_hours_follow_the_reps_clock_across_dst(tz, utc, inside):
+    assert within_working_hours(NINE_TO_FIVE, tz, utc) is inside
+    facts = MemberFacts(1, "r", "r@x", 0, 1, True, True, rep_timezone=tz, working_hours=NINE_TO_FIVE)
+    assert eligibility(facts, utc) == ((True, "") if inside else (False, "outside working hours"))
+
+
+def test_dst_gap_and_overlap_hours():
+    # 02:30 does not exist in New York on 2026-03-08; 01:30 happens twice on 2026-11-01.
+    hours = {"sun": [["01:00", "03:00"]]}
+    assert within_working_hours(hours, "America/New_York", datetime(2026, 3, 8, 6, 59, tzinfo=UTC))  # 01:59 EST
+    assert not within_working_hours(hours, "America/New_York", datetime(2026, 3, 8, 7, 0, tzinfo=UTC))  # 03:00 EDT
+    assert within_working_hours(hours, "America/New_York", datetime(2026, 11, 1, 5, 30, tzinfo=UTC))  # 01:30 EDT
+    assert within_working_hours(hours, "America/New_York", datetime(2026, 11, 1, 6, 30, tzinfo=UTC))  # 01:30 EST
+    assert not within_working_hours(hours, "America/New_York", datetime(2026, 11, 1, 8, 0, tzinfo=UTC))  # 03:00
+
+
+def test_group_day_across_dst():
+    # The group's day starts at local midnight, also on the day the clocks change.
+    start = day_start(datetime(2026, 3, 8, 12, 0, tzinfo=UTC), "America/New_York")
+    assert start.astimezone(UTC) == datetime(2026, 3, 8, 5, 0, tzinfo=UTC)
+    start = day_start(datetime(2026, 3, 9, 12, 0, tzinfo=UTC), "America/New_York")
+    assert start.astimezone(UTC) == datetime(2026, 3, 9, 4, 0, tzinfo=UTC)

@@ -1,0 +1,272 @@
+"""Routing rules: evaluation (table tests and properties), validation, the API and the admin."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from audit.models import AuditEvent
+from rotation.models import RoutingRule
+from rotation.rules import (
+    LEAD_FIELDS,
+    OPERATORS,
+    RuleError,
+    RuleSpec,
+    condition_holds,
+    lead_facts,
+    match_rules,
+    validate_conditions,
+)
+from tests.conftest import lead_body
+
+LEAD = {
+    "email": "Jane@Acme.Example",
+    "country": "FR",
+    "region": "Île-de-France",
+    "source": "webinar",
+    "product": "Analytics Pro",
+    "score": 72,
+    "company_size": 250,
+    "attributes": {"plan": "enterprise", "seats": 40, "trial": True},
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "op", "value", "holds"),
+    [
+        ("country", "equals", "fr", True),  # case-insensitive
+        ("country", "equals", "DE", False),
+        ("country", "in", ["BE", "FR"], True),
+        ("country", "in", ["BE", "DE"], False),
+        ("country", "not_in", ["BE", "DE"], True),
+        ("country", "not_in", ["FR"], False),
+        ("region", "contains", "france", True),
+        ("product", "contains", "pro", True),
+        ("product", "contains", "basic", False),
+        ("score", "gte", 72, True),
+        ("score", "gte", 73, False),
+        ("score", "lte", 72, True),
+        ("company_size", "lte", 249, False),
+        ("company_size", "gte", 100.5, True),
+        ("email_domain", "equals", "acme.example", True),
+        ("email_domain", "in", ["ACME.example", "other.example"], True),
+        ("attributes.plan", "equals", "Enterprise", True),
+        ("attributes.seats", "gte", 40, True),
+        ("attributes.seats", "lte", 10, False),
+        ("attributes.trial", "equals", True, True),
+        ("attributes.missing", "exists", True, False),
+        ("attributes.missing", "exists", False, True),
+        ("attributes.missing", "not_in", ["x"], True),  # absent is "not in" anything
+        ("attributes.missing", "equals", "x", False),
+        ("attributes.plan", "gte", 3, False),  # not a number: never holds, never raises
+        ("source", "exists", None, True),
+    ],
+)
+def test_condition_table(field, op, value, holds):
+    cond = {"field": field, "op": op} | ({} if value is None else {"value": value})
+    (cleaned,) = validate_conditions([cond])
+    assert condition_holds(cleaned, lead_facts(LEAD)) is holds
+
+
+@pytest.mark.parametrize(
+    ("conditions", "message"),
+    [
+        ("country=FR", "must be a list"),
+        ([{"field": "colour", "op": "equals", "value": "red"}], "field must be one of"),
+        ([{"field": "country", "op": "like", "value": "F%"}], "op must be one of"),
+        ([{"field": "country", "op": "in", "value": "FR"}], "non-empty list"),
+        ([{"field": "country", "op": "in", "value": []}], "non-empty list"),
+        ([{"field": "country", "op": "gte", "value": 3}], "applies to score, company_size"),
+        ([{"field": "score", "op": "gte", "value": "high"}], "needs a number"),
+        ([{"field": "product", "op": "contains", "value": ""}], "non-empty string"),
+        ([{"field": "country", "op": "equals", "value": ["FR"]}], "string, number or boolean"),
+        ([{"field": "country", "op": "exists", "value": "yes"}], "true or false"),
+        ([{"field": "attributes.", "op": "exists"}], "field must be one of"),
+        (["country"], "must be an object"),
+        ([{"field": "country", "op": "equals", "value": "FR", "x": 1}], "unknown keys"),
+    ],
+)
+def test_validation_names_the_problem(conditions, message):
+    with pytest.raises(RuleError) as exc:
+        validate_conditions(conditions)
+    assert message in str(exc.value)
+
+
+def test_first_match_by_priority_and_tried_list():
+    rules = [
+        RuleSpec(3, "emea", 30, [{"field": "country", "op": "in", "value": ["FR"]}], "emea"),
+        RuleSpec(1, "enterprise", 10, [{"field": "company_size", "op": "gte", "value": 1000}], "ent"),
+        RuleSpec(2, "webinar", 20, [{"field": "source", "op": "equals", "value": "webinar"}], "events"),
+        RuleSpec(4, "also-webinar", 20, [{"field": "source", "op": "equals", "value": "webinar"}], "other"),
+    ]
+    match = match_rules(rules, lead_facts(LEAD))
+    assert match.rule is not None and match.rule.name == "webinar"
+    assert match.tried == ["enterprise", "webinar"]
+    none = match_rules(rules, lead_facts({"email": "x@y.example"}))
+    assert none.rule is None and none.tried == ["enterprise", "webinar", "also-webinar", "emea"]
+
+
+SCALARS = st.one_of(
+    st.text(max_size=8), st.integers(-1000, 1000), st.floats(allow_nan=False, allow_infinity=False), st.booleans()
+)
+ANY_JSON = st.recursive(
+    st.none() | SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner)
+)
+FIELDS = st.sampled_from([*LEAD_FIELDS, "attributes.plan", "attributes.seats", "email", "attributes", ""])
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries({"field": FIELDS, "op": st.sampled_from([*OPERATORS, "like"]), "value": ANY_JSON}),
+        max_size=4,
+    ),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "email": st.emails(),
+            "country": st.text(max_size=3),
+            "score": st.none() | st.integers(0, 100),
+            "company_size": st.none() | st.integers(0, 10**6),
+            "attributes": st.dictionaries(st.sampled_from(["plan", "seats"]), SCALARS, max_size=2),
+        },
+    ),
+)
+def test_a_rule_that_validates_always_evaluates(conditions, lead):
+    """Validation either rejects a rule with a message, or the rule evaluates on any lead
+    without raising."""
+    try:
+        cleaned = validate_conditions(conditions)
+    except RuleError as exc:
+        assert exc.messages
+        return
+    facts = lead_facts(lead)
+    for cond in cleaned:
+        assert condition_holds(cond, facts) in (True, False)
+    match_rules([RuleSpec(1, "r", 1, cleaned, "g")], facts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=1, max_size=6))
+def test_first_match_is_the_lowest_priority_that_holds(spec):
+    always = [{"field": "email_domain", "op": "exists"}]
+    never = [{"field": "email_domain", "op": "exists", "value": False}]
+    rules = [RuleSpec(i, f"r{i}", prio, always if ok else never, "g") for i, (prio, ok) in enumerate(spec)]
+    match = match_rules(rules, lead_facts({"email": "a@b.example"}))
+    holding = sorted((r.priority, r.id) for r in rules if r.conditions is always)
+    if holding:
+        assert match.rule is not None and (match.rule.priority, match.rule.id) == holding[0]
+    else:
+        assert match.rule is None
+
+
+# --- API ---------------------------------------------------------------------------------------
+
+RULE = {
+    "name": "France",
+    "priority": 10,
+    "conditions": [{"field": "country", "op": "in", "value": ["FR", "BE"]}],
+    "group": "emea",
+    "active": True,
+}
+
+
+@pytest.mark.django_db
+def test_rule_crud_is_audited(api, make_group):
+    make_group(1, slug="emea")
+    make_group(1, slug="other")
+    r = api.post("/api/v1/rules/", RULE, format="json")
+    assert r.status_code == 201, r.content
+    rule = r.json()
+    assert rule == {**RULE, "id": rule["id"]}
+    assert api.get("/api/v1/rules/").json()["results"] == [rule]
+    r = api.patch(f"/api/v1/rules/{rule['id']}/", {"group": "other", "priority": 5}, format="json")
+    assert r.status_code == 200 and r.json()["group"] == "other" and r.json()["priority"] == 5
+    assert api.get(f"/api/v1/rules/{rule['id']}/").json()["group"] == "other"
+    assert api.delete(f"/api/v1/rules/{rule['id']}/").status_code == 204
+    assert api.get(f"/api/v1/rules/{rule['id']}/").status_code == 404
+    actions = [e.explanation["action"] for e in AuditEvent.objects.filter(type="rule.changed").order_by("id")]
+    assert actions == ["created", "changed", "deleted"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("patch", "field", "message"),
+    [
+        ({"conditions": [{"field": "colour", "op": "equals", "value": "x"}]}, "conditions", "field must be one of"),
+        ({"conditions": [{"field": "score", "op": "gte", "value": "lots"}]}, "conditions", "needs a number"),
+        ({"conditions": "country=FR"}, "conditions", "must be a list"),
+        ({"group": "nowhere"}, "group", "does not exist"),
+        ({"priority": -1}, "priority", "greater than or equal"),
+        ({"colour": "red"}, "colour", "Unknown field"),
+    ],
+)
+def test_bad_rule_is_400_naming_the_problem(api, make_group, patch, field, message):
+    make_group(1, slug="emea")
+    r = api.post("/api/v1/rules/", {**RULE, **patch}, format="json")
+    assert r.status_code == 400, r.content
+    assert message in json.dumps(r.json()[field])
+    assert not RoutingRule.objects.exists()
+    assert not AuditEvent.objects.filter(type="rule.changed").exists()
+
+
+@pytest.mark.django_db
+def test_rule_needs_manage_scope_and_unique_name(api, api_with, make_group):
+    make_group(1, slug="emea")
+    assert api_with(["intake", "read"]).get("/api/v1/rules/").status_code == 403
+    assert api.post("/api/v1/rules/", RULE, format="json").status_code == 201
+    r = api.post("/api/v1/rules/", RULE, format="json")
+    assert r.status_code == 400 and "name" in r.json()
+
+
+@pytest.mark.django_db
+def test_rules_route_leads_and_explain(api, make_group):
+    emea, emea_reps = make_group(2, slug="emea")
+    make_group(1, slug="default-pool", is_default=True)
+    own, own_reps = make_group(1, slug="own")
+    api.post("/api/v1/rules/", RULE, format="json")
+    api.post(
+        "/api/v1/rules/",
+        {**RULE, "name": "Big", "priority": 5, "conditions": [{"field": "company_size", "op": "gte", "value": 1000}]},
+        format="json",
+    )
+    matched = api.post("/api/v1/leads/", lead_body(country="FR"), format="json").json()
+    assert matched["group"] == "emea"
+    ex = AuditEvent.objects.get(lead_id=matched["id"], type="lead.assigned").explanation
+    assert ex["rule"] == "France" and ex["rules_tried"] == ["Big", "France"] and ex["group_source"] == "rule"
+    requested = api.post("/api/v1/leads/", lead_body(country="US", group="own"), format="json").json()
+    assert requested["group"] == "own"
+    assert AuditEvent.objects.get(lead_id=requested["id"], type="lead.assigned").explanation["group_source"] == (
+        "requested"
+    )
+    fallback = api.post("/api/v1/leads/", lead_body(country="US"), format="json").json()
+    assert fallback["group"] == "default-pool"
+
+
+@pytest.mark.django_db
+def test_no_rule_no_default_queues_with_reason(api):
+    body = api.post("/api/v1/leads/", lead_body(country="US"), format="json").json()
+    assert body["status"] == "queued" and "no rule matched" in body["queue_reason"]
+
+
+# --- admin -------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_admin_refuses_a_rule_that_cannot_be_evaluated(client, django_user_model, make_group):
+    group, _ = make_group(1, slug="emea")
+    admin = django_user_model.objects.create_superuser("ops", "ops@example.com", "pw")
+    client.force_login(admin)
+    form = {"name": "Bad", "priority": "10", "group": str(group.pk), "active": "on"}
+    bad = json.dumps([{"field": "colour", "op": "equals", "value": "red"}])
+    r = client.post("/admin/rotation/routingrule/add/", {**form, "conditions": bad})
+    assert r.status_code == 200  # the form again, with the error
+    assert "field must be one of" in r.content.decode()
+    assert not RoutingRule.objects.exists()
+    good = json.dumps([{"field": "country", "op": "in", "value": ["FR"]}])
+    r = client.post("/admin/rotation/routingrule/add/", {**form, "conditions": good})
+    assert r.status_code == 302
+    rule = RoutingRule.objects.get()
+    assert rule.conditions == [{"field": "country", "op": "in", "value": ["FR"]}]
+    assert AuditEvent.objects.get(type="rule.changed").actor == "admin:ops"
