@@ -101,9 +101,7 @@ def test_manual_reassign_does_not_move_the_pointer_and_counts_today(api, make_gr
     group, reps = make_group(3, slug="emea", sla_minutes="5")
     lead = post(api, group="emea")
     assert pointer(group) == 1
-    r = api.post(
-        f"/api/v1/leads/{lead['id']}/reassign/", {"rep": reps[2].id, "reason": "speaks French"}, format="json"
-    )
+    r = api.post(f"/api/v1/leads/{lead['id']}/reassign/", {"rep": reps[2].id, "reason": "speaks French"}, format="json")
     assert r.status_code == 200, r.content
     body = r.json()
     assert body["owner"]["id"] == reps[2].id and body["status"] == "assigned" and body["sla_due_at"]

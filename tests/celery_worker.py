@@ -1,0 +1,194 @@
+"""A real Celery worker (and beat) on Redis, as a subprocess, pointed at the test database.
+
+Not eager mode: tasks go through Redis and run in another process, as in production. Each
+pytest-xdist worker has its own broker key prefix (routing_project/settings/test.py), so
+parallel test processes never consume each other's tasks; the subprocess inherits it.
+Tests using it need `django_db(transaction=True)`: the worker only sees committed rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+XDIST = os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def broker_purge() -> None:
+    """Drops every broker key of this test process (stale timers of earlier tests)."""
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def database_url() -> str:
+    db = settings.DATABASES["default"]
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class Worker:
+    def __init__(self, tmp: Path, *, beat: bool = True, env: dict[str, str] | None = None) -> None:
+        self.tmp = tmp
+        self.beat = beat
+        self.extra_env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.tmp / f"worker-{self.starts}.log"
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.starts += 1
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "routing_project.settings.test",
+            "DATABASE_URL": database_url(),
+            "REDIS_URL": settings.CELERY_BROKER_URL,
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "PYTEST_XDIST_WORKER": XDIST,
+            "ESCALATION_SWEEP_EVERY_S": "1",
+            "QUEUE_DRAIN_SWEEP_EVERY_S": "3600",
+            "CONN_MAX_AGE": "0",
+            "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+        cmd = [
+            str(Path(sys.executable).parent / "celery"),
+            "-A",
+            "routing_project",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            "2",
+            "--hostname",
+            f"test-{XDIST}-{os.getpid()}-{self.starts}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+        if self.beat:
+            cmd += ["--beat", "--schedule", str(self.tmp / f"beat-{self.starts}")]
+        log = self.log_path.open("wb")
+        # Own session: the worker, its pool children and beat form one process group to kill.
+        self.proc = subprocess.Popen(
+            cmd, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if b" ready." in self.log_path.read_bytes():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"celery worker did not start:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process group: no cleanup, no acknowledgements."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = None
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self.proc = None
+
+
+@contextlib.contextmanager
+def broker_unreachable() -> Iterator[None]:
+    """This process publishes to a closed port (Redis "down" for intake); restored after."""
+    from leads import scheduling
+    from routing_project.celery import app
+
+    def reset_pools() -> None:
+        with contextlib.suppress(Exception):
+            app.pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
+        scheduling.publish_reset()
+
+    saved = app.conf.broker_url
+    app.conf.broker_url = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    reset_pools()
+    try:
+        yield
+    finally:
+        app.conf.broker_url = saved
+        reset_pools()
+
+
+def wait_for(check: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+@pytest.fixture
+def celery_worker(transactional_db, tmp_path) -> Iterator[Worker]:
+    """A started worker with an embedded beat (sweep every second)."""
+    broker_purge()
+    from leads import scheduling
+
+    scheduling.publish_reset()
+    worker = Worker(tmp_path)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        broker_purge()
+
+
+@pytest.fixture
+def celery_worker_factory(transactional_db, tmp_path) -> Iterator[Callable[..., Worker]]:
+    """Workers the test starts itself (e.g. after Redis was "down", or a second life)."""
+    broker_purge()
+    from leads import scheduling
+
+    scheduling.publish_reset()
+    made: list[Worker] = []
+
+    def make(**kwargs: Any) -> Worker:
+        worker = Worker(tmp_path, **kwargs)
+        made.append(worker)
+        return worker
+
+    try:
+        yield make
+    finally:
+        for worker in made:
+            worker.stop()
+        broker_purge()

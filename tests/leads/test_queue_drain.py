@@ -1,0 +1,166 @@
+"""The fallback queue drains itself: in arrival order, through the locked transaction,
+triggered after commit by the change that freed capacity (real worker), backed by the sweep."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from leads import actions
+from leads.models import Assignment, Lead
+from rotation import services
+from rotation.models import Absence, Membership, RotationState
+from tests.celery_worker import wait_for
+from tests.conftest import lead_body
+
+
+def post(api, **fields) -> dict:
+    r = api.post("/api/v1/leads/", lead_body(**fields), format="json")
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def status(lead: dict) -> str:
+    return Lead.objects.get(pk=lead["id"]).status
+
+
+# --- the service, synchronously --------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_drain_routes_in_arrival_order_until_no_eligible_rep(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    Membership.objects.filter(group=group).update(active=False)
+    queued = [post(api, group="emea") for _ in range(5)]
+    assert all(lead["status"] == "queued" for lead in queued)
+    Membership.objects.filter(group=group).update(active=True, max_open=2)
+    assert actions.queue_drain(group_id=group.id) == 4
+    leads = [Lead.objects.get(pk=lead["id"]) for lead in queued]
+    assert [lead.status for lead in leads] == ["assigned"] * 4 + ["queued"]  # oldest first; the last waits
+    assert [lead.owner_id for lead in leads[:4]] == [reps[0].id, reps[1].id, reps[0].id, reps[1].id]
+    assert RotationState.objects.get(group=group).pointer == 2
+    event = AuditEvent.objects.get(lead_id=queued[0]["id"], type="lead.assigned")
+    assert event.actor == "system:queue" and event.explanation["trigger"] == "queue_drain"
+    assert "no eligible rep" in event.explanation["queued_because"]
+    assert actions.queue_drain(group_id=group.id) == 0  # nothing more fits
+
+
+@pytest.mark.django_db
+def test_drain_leaves_leads_that_used_up_their_attempts_to_a_manager(api, make_group):
+    group, reps = make_group(3, slug="emea", sla_minutes="1", max_attempts=1)
+    lead = post(api, group="emea")
+    Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    assignment = Assignment.objects.get(lead_id=lead["id"])
+    assert actions.lead_escalate(assignment_id=assignment.id).outcome == "queued"
+    assert status(lead) == "queued"
+    assert actions.queue_drain(group_id=group.id) == 0
+    assert status(lead) == "queued"
+
+
+@pytest.mark.django_db
+def test_escalation_is_idempotent_and_respects_accept(api, make_group):
+    group, reps = make_group(3, slug="emea", sla_minutes="1")
+    lead = post(api, group="emea")
+    assignment = Assignment.objects.get(lead_id=lead["id"])
+    assert actions.lead_escalate(assignment_id=assignment.id).outcome == "not_due"
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    assert actions.lead_escalate(assignment_id=assignment.id).outcome == "escalated"
+    assert actions.lead_escalate(assignment_id=assignment.id).outcome == "done"
+    assert actions.escalation_sweep() == {}  # the new assignment is not due
+    assert AuditEvent.objects.filter(lead_id=lead["id"], type="lead.escalated").count() == 1
+    second = Assignment.objects.get(lead_id=lead["id"], ended_at__isnull=True)
+    assert second.rep_id == reps[1].id and second.attempt == 2
+    actions.lead_accept(lead_id=lead["id"], rep_id=reps[1].id, actor="test")
+    Assignment.objects.filter(pk=second.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    assert actions.lead_escalate(assignment_id=second.id).outcome == "done"
+    assert Lead.objects.get(pk=lead["id"]).status == "accepted"
+
+
+@pytest.mark.django_db
+def test_escalation_never_returns_to_a_rep_who_had_the_lead(api, make_group):
+    group, reps = make_group(2, slug="emea", sla_minutes="1", max_attempts=5)
+    lead = post(api, group="emea")
+    for _ in range(2):
+        open_one = Assignment.objects.get(lead_id=lead["id"], ended_at__isnull=True)
+        Assignment.objects.filter(pk=open_one.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+        actions.escalation_sweep()
+    stored = Lead.objects.get(pk=lead["id"])
+    assert stored.status == "queued" and "who has not had this lead" in stored.queue_reason
+    assert [a.rep_id for a in Assignment.objects.filter(lead_id=lead["id"]).order_by("attempt")] == [
+        reps[0].id,
+        reps[1].id,
+    ]
+
+
+@pytest.mark.django_db
+def test_auto_pause_is_off_by_default_and_accept_resets_the_count(api, make_group):
+    group, reps = make_group(1, slug="emea", sla_minutes="1", max_attempts=1)
+    for _ in range(3):
+        lead = post(api, group="emea")
+        Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+        actions.escalation_sweep()
+    member = Membership.objects.get(group=group, rep=reps[0])
+    assert member.active and member.consecutive_misses == 3
+    group.auto_pause_after_misses = 5
+    group.save()
+    lead = post(api, group="emea")
+    actions.lead_accept(lead_id=lead["id"], rep_id=reps[0].id, actor="test")
+    assert Membership.objects.get(pk=member.pk).consecutive_misses == 0
+
+
+# --- after commit, on a real worker ----------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.xdist_group("celery")
+def test_queue_drains_when_a_rep_is_unpaused(api, make_group, celery_worker):
+    group, reps = make_group(2, slug="emea")
+    Membership.objects.filter(group=group).update(active=False)
+    queued = [post(api, group="emea") for _ in range(3)]
+    assert all(lead["status"] == "queued" for lead in queued)
+    r = api.patch(f"/api/v1/groups/emea/members/{reps[1].id}/", {"active": True}, format="json")
+    assert r.status_code == 200, r.content
+    assert wait_for(lambda: all(status(lead) == "assigned" for lead in queued), timeout=10), celery_worker.log()
+    assert {Lead.objects.get(pk=lead["id"]).owner_id for lead in queued} == {reps[1].id}
+    times = [AuditEvent.objects.get(lead_id=lead["id"], type="lead.assigned").id for lead in queued]
+    assert times == sorted(times)  # arrival order
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.xdist_group("celery")
+def test_queue_drains_when_a_rep_returns(api, make_group, celery_worker):
+    group, reps = make_group(1, slug="emea")
+    now = timezone.now()
+    absence = services.absence_add(
+        absence=Absence(rep=reps[0], starts_at=now - timedelta(hours=1), ends_at=now + timedelta(hours=1)),
+        actor="test",
+    )
+    lead = post(api, group="emea")
+    assert lead["status"] == "queued" and "no eligible rep" in lead["queue_reason"]
+    services.absence_remove(absence=absence, actor="admin:ops")  # back early
+    assert wait_for(lambda: status(lead) == "assigned", timeout=10), celery_worker.log()
+    # And a rep re-activated after being deactivated everywhere.
+    rep = reps[0]
+    rep.active = False
+    services.rep_save(rep=rep, actor="test", changed=["active"])
+    second = post(api, group="emea")
+    assert second["status"] == "queued"
+    rep.active = True
+    services.rep_save(rep=rep, actor="test", changed=["active"])
+    assert wait_for(lambda: status(second) == "assigned", timeout=10), celery_worker.log()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.xdist_group("celery")
+def test_closing_a_lead_under_a_cap_drains_the_queue(api, make_group, celery_worker):
+    group, reps = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(max_open=1)
+    first = post(api, group="emea")
+    waiting = post(api, group="emea")
+    assert waiting["status"] == "queued"
+    assert api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "lost"}, format="json").status_code == 200
+    assert wait_for(lambda: status(waiting) == "assigned", timeout=10), celery_worker.log()
