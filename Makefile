@@ -47,9 +47,10 @@ test-embedded:
 compose-check:
 	docker-compose -f docker-compose.yml config -q
 
+## The benchmark (bench/run.py): HTTP intake next to raw SQL (pgbench). BENCH_ARGS=--quick for a short run.
 bench: install-dev
 	scripts/services.sh
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var staticfiles

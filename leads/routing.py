@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import DatabaseError, OperationalError, connection
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
 
 from rotation import strategies
 from rotation.eligibility import MemberFacts, eligibility
@@ -98,15 +98,23 @@ def week_start(now: datetime, tz: str) -> datetime:
 
 def member_facts(group: Group, now: datetime, *, with_counts: bool | None = None) -> list[MemberFacts]:
     """Reads every member's state now. Called after the rotation lock by routing."""
-    memberships = list(Membership.objects.filter(group=group).select_related("rep").order_by("position", "rep_id"))
+    # One statement for members, reps and the absence covering now (the one ending last): this
+    # runs under the rotation lock, so every round trip saved shortens the lock.
+    away = Absence.objects.filter(rep_id=OuterRef("rep_id"), starts_at__lte=now, ends_at__gt=now).order_by("-ends_at")
+    memberships = list(
+        Membership.objects.filter(group=group)
+        .select_related("rep")
+        .annotate(away_from=Subquery(away.values("starts_at")[:1]), away_until=Subquery(away.values("ends_at")[:1]))
+        .order_by("position", "rep_id")
+    )
     if not memberships:
         return []
     rep_ids = [m.rep_id for m in memberships]
-    absences: dict[int, list[tuple[datetime, datetime]]] = {}
-    for rep_id, starts, ends in Absence.objects.filter(
-        rep_id__in=rep_ids, ends_at__gt=now, starts_at__lte=now
-    ).values_list("rep_id", "starts_at", "ends_at"):
-        absences.setdefault(rep_id, []).append((starts, ends))
+    absences: dict[int, list[tuple[datetime, datetime]]] = {
+        m.rep_id: [(m.away_from, m.away_until)]  # type: ignore[attr-defined]
+        for m in memberships
+        if m.away_until is not None  # type: ignore[attr-defined]
+    }
     need_open = with_counts or group.strategy == "least_loaded" or any(m.max_open is not None for m in memberships)
     need_today = with_counts or any(m.max_per_day is not None for m in memberships)
     open_counts: dict[int, int] = {}
@@ -157,9 +165,13 @@ class Decision:
     weights_before: dict[str, int]
     weights_after: dict[str, int]
     candidates: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = "rotation"  # or "owner_match" (leads/ownership.py): the rotation does not move
+    queue_reason: str = ""
+    notes: dict[str, Any] = field(default_factory=dict)
 
     def explanation(self) -> dict[str, Any]:
         return {
+            **self.notes,
             "candidates": self.candidates,
             "chosen": self.rep_id,
             "pointer_before": self.pointer_before,
@@ -195,6 +207,11 @@ def decide(
         described.append(
             {"rep": f.rep_id, "name": f.rep_name, "position": f.position, "eligible": ok, "reason": reason}
         )
+        # The counts routing read (only those it needed): replay starts from them.
+        if strategy == "least_loaded" or f.max_open is not None:
+            described[-1]["open"] = f.open
+        if f.max_per_day is not None:
+            described[-1]["today"] = f.assigned_today
     picked = strategies.pick(strategy, candidates, pointer, current_weights)
     chosen = by_id.get(picked.rep_id) if picked.rep_id is not None else None
     for d in described:
@@ -215,8 +232,8 @@ def decide(
 
 
 def advance(state: RotationState, decision: Decision) -> None:
-    """Writes the new rotation position (only when a rep was chosen)."""
-    if decision.rep_id is None:
+    """Writes the new rotation position (only when the rotation chose a rep)."""
+    if decision.rep_id is None or decision.reason != "rotation":
         return
     state.pointer = decision.pointer_after
     state.current_weights = decision.weights_after

@@ -17,11 +17,11 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import Event, audit_record_many
-from rotation.models import Group, RoutingRule
+from rotation.models import Group, Rep, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
 from routing_project import metrics
 
-from . import notify, routing, scheduling
+from . import notify, ownership, routing, scheduling
 from .models import DEDUP_STATUSES, ApiClient, Assignment, IdempotencyRecord, Lead, LeadStatus
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class Resolution:
     rule: str | None
     rules_tried: list[str]
     source: str  # "rule", "requested", "default" or "none"
+    owner: ownership.OwnerHint | None = None  # the account owner by email domain (leads/ownership.py)
 
     def explanation(self) -> dict[str, Any]:
         return {"rule": self.rule, "rules_tried": self.rules_tried, "group_source": self.source}
@@ -83,7 +84,14 @@ def active_rules() -> list[RuleSpec]:
 
 
 def lead_resolve_group(*, data: dict[str, Any], requested: Group | None) -> Resolution:
-    """First matching rule by priority, else the lead's own group, else the default group."""
+    """First matching rule by priority, else the lead's own group, else the default group;
+    and the owner of the email domain's account, if any."""
+    resolution = _resolve_group(data=data, requested=requested)
+    resolution.owner = ownership.account_owner_lookup(email=data.get("email") or "")
+    return resolution
+
+
+def _resolve_group(*, data: dict[str, Any], requested: Group | None) -> Resolution:
     match = match_rules(active_rules(), lead_facts(data))
     if match.rule is not None:
         group = Group.objects.filter(slug=match.rule.group_slug).first()
@@ -180,6 +188,8 @@ def lead_intake(
         try:
             with transaction.atomic():
                 result = _intake_locked(data, raw or {}, requested, resolution, client, actor, render, idempotency)
+            if not result.body:
+                result.body = render(result.lead, result.duplicate_of)
             metrics.intake_finished(
                 group=result.lead.group.slug if result.lead.group else None,
                 status=result.lead.status,
@@ -281,7 +291,10 @@ def _intake_locked(
             lead.status, lead.queue_reason = LeadStatus.QUEUED, f"group '{group.slug}' is inactive"
         else:
             facts = routing.member_facts(group, now)
-            decision = routing.decide(
+            # The account owner when eligible (rotation untouched), else the rotation.
+            decision = ownership.owner_decide(
+                owner=resolution.owner,
+                group=group,
                 strategy=group.strategy,
                 pointer=state.pointer,
                 current_weights=state.current_weights or {},
@@ -291,11 +304,16 @@ def _intake_locked(
             explanation.update(decision.explanation())
             if decision.rep_id is None:
                 lead.status = LeadStatus.QUEUED
-                lead.queue_reason = (
+                lead.queue_reason = decision.queue_reason or (
                     f"no eligible rep in group '{group.slug}'" if facts else f"group '{group.slug}' has no members"
                 )
             else:
-                lead.status, lead.owner_id = LeadStatus.ASSIGNED, decision.rep_id
+                lead.status = LeadStatus.ASSIGNED
+                # The owner as read under the lock: rendering the answer needs no query (other
+                # fields are deferred and load on access).
+                lead.owner = Rep.from_db(
+                    None, ["id", "name", "email"], [decision.rep_id, decision.rep_name, decision.rep_email]
+                )
                 lead.assigned_at = now
                 lead.sla_due_at = routing.sla_due(group, now)
     lead.group = group
@@ -322,7 +340,7 @@ def _intake_locked(
             rep_id=decision.rep_id,
             group=group,
             attempt=1,
-            reason=Assignment.Reason.ROTATION,
+            reason=decision.reason,
             started_at=now,
             due_at=lead.sla_due_at,
         )
@@ -330,8 +348,8 @@ def _intake_locked(
         scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=lead.sla_due_at)
         routing.advance(state, decision)
         # Webhook and e-mail: an outbox row in this transaction, delivered by Celery after commit.
-        notify.lead_notify(lead=lead, event="lead.assigned", reason=Assignment.Reason.ROTATION, attempt=1, at=now)
-        explanation.update({"reason": Assignment.Reason.ROTATION, "attempt": 1, "sla_due_at": _iso(lead.sla_due_at)})
+        notify.lead_notify(lead=lead, event="lead.assigned", reason=decision.reason, attempt=1, at=now)
+        explanation.update({"reason": decision.reason, "attempt": 1, "sla_due_at": _iso(lead.sla_due_at)})
         events.append(
             Event(AuditEvent.Type.LEAD_ASSIGNED, actor, lead.id, state.group.slug, decision.rep_id, explanation)
         )
@@ -342,7 +360,9 @@ def _intake_locked(
         )
     audit_record_many(events=events)
 
-    body = render(lead, None)
+    # The answer is rendered under the lock only when it must be stored with the lead (an
+    # Idempotency-Key); otherwise lead_intake renders it after commit.
+    body = render(lead, None) if idempotency is not None else b""
     _idempotency_store(idempotency, status=201, body=body, lead=lead)
     return IntakeResult(lead, None, 201, body)
 

@@ -8,6 +8,10 @@ HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-routing_project.settings.local}
 mkdir -p var/log
+# One Prometheus multiprocess directory for web, worker and beat, emptied before they start:
+# GET /metrics then also shows what the worker counts (escalations, SLA breaches).
+export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/metrics}
+rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
 "$VENV/bin/python" manage.py migrate --noinput -v 0
 "$VENV/bin/python" manage.py seed_demo --base-url "http://$HOST:$PORT" ${ADMIN_PASSWORD:+--admin-password "$ADMIN_PASSWORD"}

@@ -81,6 +81,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {"transaction_mode": "IMMEDIATE", "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=5.0)}
     )
+elif env.bool("DB_POOL", default=False):
+    # psycopg's connection pool, one per process (production turns it on): a request borrows
+    # a connection and gives it back at its end, checked first (CONN_HEALTH_CHECKS), so a
+    # restarted PostgreSQL costs no failed request. Size it to the process's threads.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env.int("DB_POOL_MIN_SIZE", default=2),
+        "max_size": env.int("DB_POOL_MAX_SIZE", default=8),
+        "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
+    }
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

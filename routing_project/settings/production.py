@@ -1,5 +1,10 @@
-from .base import *  # noqa: F403
-from .base import LOGGING, env
+import os
+
+# Production borrows connections from psycopg's pool (DB_POOL=false: persistent connections).
+os.environ.setdefault("DB_POOL", "true")
+
+from .base import *  # noqa: E402, F403
+from .base import LOGGING, env  # noqa: E402
 
 # No default: production refuses to start without a real secret.
 SECRET_KEY = env("SECRET_KEY")
