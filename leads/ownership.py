@@ -1,0 +1,121 @@
+"""Account ownership (sticky routing): a lead whose email domain belongs to an account owned
+by an active rep goes to that rep, skipping the rotation.
+
+The account is looked up before the lock (by domain); whether its owner may take the lead is
+decided after the lock, from the member facts routing reads there. The owner takes the lead
+when it is a member of the resolved group and eligible there right now (active, in the group,
+not away, within working hours, under its caps): the group still owns the lead's SLA,
+escalation and caps, so a rep outside the group does not take it. Otherwise the group's
+`owner_match_fallback_to_rotation` decides: route through the rotation (default), or queue the
+lead with the reason, for a manager to give it to the owner.
+
+An owner match does not move the rotation (pointer and weights unchanged); it counts toward the
+owner's open leads and today's count like any assignment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from rotation.eligibility import MemberFacts, eligibility
+from rotation.models import Account, Group
+
+from . import routing
+
+OWNER_MATCH = "owner_match"
+
+
+@dataclass(frozen=True)
+class OwnerHint:
+    rep_id: int
+    domain: str
+
+
+def email_domain(email: str) -> str:
+    return email.rsplit("@", 1)[-1].strip().lower() if "@" in email else ""
+
+
+def account_owner_lookup(*, email: str) -> OwnerHint | None:
+    """The active rep owning the account of this email's domain, if any (before the lock)."""
+    domain = email_domain(email)
+    if not domain:
+        return None
+    owner_id = Account.objects.filter(domain=domain, owner__active=True).values_list("owner_id", flat=True).first()
+    return OwnerHint(owner_id, domain) if owner_id is not None else None
+
+
+def owner_decide(
+    *,
+    owner: OwnerHint | None,
+    group: Group,
+    strategy: str,
+    pointer: int,
+    current_weights: dict[str, int],
+    facts: Iterable[MemberFacts],
+    now: datetime,
+    exclude: Iterable[int] = (),
+) -> routing.Decision:
+    """Pure over its inputs: the owner when it may take the lead, else the rotation's decision
+    (or none, when the group queues leads whose owner is not eligible)."""
+    facts = list(facts)
+    if owner is None:
+        return routing.decide(
+            strategy=strategy, pointer=pointer, current_weights=current_weights, facts=facts, now=now, exclude=exclude
+        )
+    mine = next((f for f in facts if f.rep_id == owner.rep_id), None)
+    if mine is None:
+        ok, why = False, f"not a member of group '{group.slug}'"
+    elif owner.rep_id in set(exclude):
+        ok, why = False, "already had this lead"
+    else:
+        ok, why = eligibility(mine, now)
+    if ok and mine is not None:
+        return routing.Decision(
+            rep_id=mine.rep_id,
+            rep_name=mine.rep_name,
+            rep_email=mine.rep_email,
+            pointer_before=pointer,
+            pointer_after=pointer,
+            weights_before={},
+            weights_after={},
+            candidates=[
+                {
+                    "rep": mine.rep_id,
+                    "name": mine.rep_name,
+                    "position": mine.position,
+                    "eligible": True,
+                    "reason": f"account owner ({owner.domain})",
+                }
+            ],
+            reason=OWNER_MATCH,
+            notes={"account": owner.domain},
+        )
+    note = {"account": owner.domain, "owner": owner.rep_id, "owner_skipped": why}
+    if not group.owner_match_fallback_to_rotation:
+        return routing.Decision(
+            rep_id=None,
+            rep_name="",
+            rep_email="",
+            pointer_before=pointer,
+            pointer_after=pointer,
+            weights_before={},
+            weights_after={},
+            candidates=[
+                {
+                    "rep": owner.rep_id,
+                    "name": mine.rep_name if mine else "",
+                    "position": mine.position if mine else None,
+                    "eligible": False,
+                    "reason": why,
+                }
+            ],
+            queue_reason=f"account owner not eligible ({why}); group '{group.slug}' keeps such leads for the owner",
+            notes={"owner_match": note},
+        )
+    decision = routing.decide(
+        strategy=strategy, pointer=pointer, current_weights=current_weights, facts=facts, now=now, exclude=exclude
+    )
+    decision.notes["owner_match"] = note
+    return decision

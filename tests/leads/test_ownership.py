@@ -1,0 +1,100 @@
+"""Account ownership (sticky routing): owner when eligible, else per the group's fallback."""
+
+import pytest
+
+from audit.models import AuditEvent
+from leads.models import Assignment
+from rotation.models import Account, Membership, RotationState
+from tests.factories import RepFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def post(api, email, **fields):
+    r = api.post("/api/v1/leads/", {"email": email, "group": "pool", **fields}, format="json")
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def decision_event(lead_id):
+    return AuditEvent.objects.get(lead_id=lead_id, type__in=["lead.assigned", "lead.queued"])
+
+
+def test_owner_gets_the_lead_and_the_rotation_does_not_move(api, make_group):
+    group, (a, b, c) = make_group(3, slug="pool")
+    Account.objects.create(domain="Acme.Example", owner=c)
+    first = post(api, "one@other.example")
+    assert first["owner"]["id"] == a.id
+    pointer = RotationState.objects.get(group=group).pointer
+    owned = post(api, "Jane@ACME.example ")
+    assert owned["owner"]["id"] == c.id and owned["status"] == "assigned"
+    assert RotationState.objects.get(group=group).pointer == pointer
+    assert Assignment.objects.get(lead_id=owned["id"]).reason == "owner_match"
+    event = decision_event(owned["id"])
+    assert event.type == "lead.assigned" and event.rep_id == c.id
+    ex = event.explanation
+    assert ex["reason"] == "owner_match" and ex["account"] == "acme.example"
+    assert ex["pointer_before"] == ex["pointer_after"] == pointer
+    assert ex["candidates"][0]["reason"] == "account owner (acme.example)"
+    # The rotation carries on where it was.
+    assert post(api, "two@other.example")["owner"]["id"] == b.id
+
+
+def test_owner_not_eligible_falls_back_to_the_rotation(api, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    Account.objects.create(domain="acme.example", owner=b)
+    Membership.objects.filter(rep=b).update(active=False)
+    body = post(api, "jane@acme.example")
+    assert body["owner"]["id"] == a.id
+    assert Assignment.objects.get(lead_id=body["id"]).reason == "rotation"
+    ex = decision_event(body["id"]).explanation
+    assert ex["reason"] == "rotation"
+    assert ex["owner_match"] == {"account": "acme.example", "owner": b.id, "owner_skipped": "paused in this group"}
+
+
+def test_owner_over_cap_is_skipped(api, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    Account.objects.create(domain="acme.example", owner=b)
+    Membership.objects.filter(rep=b).update(max_per_day=1)
+    assert post(api, "x1@acme.example")["owner"]["id"] == b.id
+    second = post(api, "x2@acme.example")
+    assert second["owner"]["id"] == a.id
+    assert decision_event(second["id"]).explanation["owner_match"]["owner_skipped"] == "at max_per_day cap (1/1)"
+
+
+def test_group_may_keep_the_lead_for_the_owner(api, make_group):
+    group, (a, b) = make_group(2, slug="pool", owner_match_fallback_to_rotation=False)
+    Account.objects.create(domain="acme.example", owner=b)
+    Membership.objects.filter(rep=b).update(active=False)
+    body = post(api, "jane@acme.example")
+    assert body["status"] == "queued" and body["owner"] is None
+    assert "account owner not eligible (paused in this group)" in body["queue_reason"]
+    assert RotationState.objects.get(group=group).pointer == 0
+    assert decision_event(body["id"]).explanation["owner_match"]["owner"] == b.id
+
+
+def test_owner_outside_the_group_does_not_take_it(api, make_group):
+    group, (a,) = make_group(1, slug="pool")
+    outsider = RepFactory()
+    Account.objects.create(domain="acme.example", owner=outsider)
+    body = post(api, "jane@acme.example")
+    assert body["owner"]["id"] == a.id
+    assert decision_event(body["id"]).explanation["owner_match"]["owner_skipped"] == "not a member of group 'pool'"
+
+
+def test_inactive_owner_is_no_owner(api, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    b.active = False
+    b.save()
+    Account.objects.create(domain="acme.example", owner=b)
+    body = post(api, "jane@acme.example")
+    assert body["owner"]["id"] == a.id
+    assert "owner_match" not in decision_event(body["id"]).explanation
+
+
+def test_owner_match_counts_toward_caps_and_least_loaded(api, make_group):
+    group, (a, b) = make_group(2, slug="pool", strategy="least_loaded")
+    Account.objects.create(domain="acme.example", owner=a)
+    assert [post(api, f"x{i}@acme.example")["owner"]["id"] for i in range(2)] == [a.id, a.id]
+    # a has 2 open, b none: the rotation levels them.
+    assert [post(api, f"y{i}@other.example")["owner"]["id"] for i in range(2)] == [b.id, b.id]
