@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from .admin_actions import LeadActionsAdminMixin, QueueActionsAdminMixin
 from .models import ApiClient, Assignment, Lead, LeadStatus, QueuedLead
 
 
@@ -20,7 +21,7 @@ class AssignmentInline(admin.TabularInline):
 
 
 @admin.register(Lead)
-class LeadAdmin(admin.ModelAdmin):
+class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
     list_display = ("id", "email", "company", "status", "group", "owner", "created_at", "sla_due_at", "escalations")
     list_filter = ("status", "group", "owner", "source")
     search_fields = ("email", "company", "external_id")
@@ -44,6 +45,7 @@ class LeadAdmin(admin.ModelAdmin):
         "api_client",
         "raw_payload",
         "email_normalized",
+        "manage_links",
     )
     fieldsets = (
         ("Contact", {"fields": ("email", "first_name", "last_name", "company", "phone")}),
@@ -63,7 +65,7 @@ class LeadAdmin(admin.ModelAdmin):
                 )
             },
         ),
-        ("Routing", {"fields": ("status", "group", "owner", "queue_reason", "outcome", "escalations")}),
+        ("Routing", {"fields": ("status", "group", "owner", "queue_reason", "outcome", "escalations", "manage_links")}),
         ("Times", {"fields": ("created_at", "assigned_at", "accepted_at", "closed_at", "sla_due_at")}),
         ("Raw", {"classes": ("collapse",), "fields": ("raw_payload", "email_normalized", "api_client")}),
     )
@@ -76,7 +78,7 @@ class LeadAdmin(admin.ModelAdmin):
 
 
 @admin.register(QueuedLead)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(QueueActionsAdminMixin, admin.ModelAdmin):
     list_display = ("id", "created_at", "email", "company", "group", "queue_reason")
     list_filter = ("group",)
     search_fields = ("email", "company")

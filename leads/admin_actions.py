@@ -1,0 +1,164 @@
+"""Managers' lead actions in the admin: assign queued leads to a rep (bulk, with an
+intermediate form), route again, close, and reassign one lead from its page. Everything goes
+through `leads/actions.py`, audited as `admin:<username>`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+
+from rotation.models import Rep
+
+from . import actions
+from .models import Lead
+from .routing import RoutingBusy
+
+
+def admin_actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class AssignForm(forms.Form):
+    rep = forms.ModelChoiceField(queryset=Rep.objects.filter(active=True).order_by("name"), label="Assign to")
+    reason = forms.CharField(max_length=500, help_text="Why, for the audit trail.")
+
+
+def _run_each(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, leads: Iterable[Lead], run: Callable[[Lead], Any], done: str
+) -> None:
+    ok, failed = 0, []
+    for lead in leads:
+        try:
+            run(lead)
+            ok += 1
+        except (actions.LeadConflict, RoutingBusy) as exc:
+            failed.append(f"#{lead.pk}: {exc or 'the rotation is busy, retry'}")
+        except actions.ActionRejected as exc:
+            failed.append(f"#{lead.pk}: {'; '.join(m for ms in exc.errors.values() for m in ms)}")
+    if ok:
+        modeladmin.message_user(request, f"{ok} lead(s) {done}.", messages.SUCCESS)
+    if failed:
+        modeladmin.message_user(request, "Not done: " + " ".join(failed[:20]), messages.ERROR)
+
+
+@admin.action(description="Assign selected leads to a rep…", permissions=["change"])
+def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> HttpResponse | None:
+    """An intermediate page: pick the rep and give a reason, then assign every selected lead."""
+    form = AssignForm(request.POST if "apply" in request.POST else None)
+    if form.is_bound and form.is_valid():
+        rep, reason, actor = form.cleaned_data["rep"], form.cleaned_data["reason"], admin_actor(request)
+        _run_each(
+            modeladmin,
+            request,
+            queryset.order_by("id"),
+            lambda lead: actions.lead_reassign(lead_id=lead.pk, rep_id=rep.pk, reason=reason, actor=actor),
+            f"assigned to {rep.name}",
+        )
+        return None
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": "Assign leads to a rep",
+        "form": form,
+        "leads": queryset.order_by("id")[:200],
+        "count": queryset.count(),
+        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+        "action": "assign_to_rep",
+        "opts": modeladmin.model._meta,
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, "admin/leads/assign_to_rep.html", context)
+
+
+@admin.action(description="Route selected leads again (rules and rotation)", permissions=["change"])
+def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
+    actor = admin_actor(request)
+    _run_each(
+        modeladmin,
+        request,
+        queryset.order_by("id"),
+        lambda lead: actions.lead_reroute(lead_id=lead.pk, actor=actor),
+        "routed again",
+    )
+
+
+def _close_action(outcome: str) -> Callable[[admin.ModelAdmin, HttpRequest, QuerySet[Lead]], None]:
+    def close(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
+        actor = admin_actor(request)
+        _run_each(
+            modeladmin,
+            request,
+            queryset.order_by("id"),
+            lambda lead: actions.lead_close(lead_id=lead.pk, outcome=outcome, actor=actor),
+            f"closed as {outcome}",
+        )
+
+    close.__name__ = f"close_{outcome}"
+    return admin.action(description=f"Close selected leads as {outcome}", permissions=["change"])(close)
+
+
+close_disqualified = _close_action("disqualified")
+close_won = _close_action("won")
+close_lost = _close_action("lost")
+
+
+class LeadActionsAdminMixin:
+    """The lead page: a "Reassign" page of its own, and the bulk actions."""
+
+    actions: Any = [assign_to_rep, reroute, close_won, close_lost, close_disqualified]
+
+    def get_urls(self) -> list[URLPattern]:
+        urls = super().get_urls()  # type: ignore[misc]
+        view = self.admin_site.admin_view(self.reassign_view)  # type: ignore[attr-defined]
+        return [path("<int:lead_id>/reassign/", view, name="leads_lead_reassign"), *urls]
+
+    @admin.display(description="Manage")
+    def manage_links(self, obj: Lead) -> str:
+        if obj.pk is None:
+            return ""
+        return format_html(
+            '<a class="button" href="{}">Reassign…</a>', reverse("admin:leads_lead_reassign", args=[obj.pk])
+        )
+
+    def reassign_view(self, request: HttpRequest, lead_id: int) -> HttpResponse:
+        lead = get_object_or_404(Lead.objects.select_related("group", "owner"), pk=lead_id)
+        if not self.has_change_permission(request, lead):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        form = AssignForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            rep = form.cleaned_data["rep"]
+            try:
+                actions.lead_reassign(
+                    lead_id=lead.pk, rep_id=rep.pk, reason=form.cleaned_data["reason"], actor=admin_actor(request)
+                )
+            except (actions.LeadConflict, RoutingBusy) as exc:
+                self.message_user(request, str(exc) or "The rotation is busy; retry.", messages.ERROR)  # type: ignore[attr-defined]
+            except actions.ActionRejected as exc:
+                form.add_error("rep", "; ".join(m for ms in exc.errors.values() for m in ms))
+            else:
+                self.message_user(request, f"Lead #{lead.pk} reassigned to {rep.name}.", messages.SUCCESS)  # type: ignore[attr-defined]
+                return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
+        context = {
+            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            "title": f"Reassign lead #{lead.pk}",
+            "form": form,
+            "lead": lead,
+            "opts": Lead._meta,
+        }
+        return TemplateResponse(request, "admin/leads/reassign.html", context)
+
+
+class QueueActionsAdminMixin:
+    """The fallback queue page: assign to a rep (intermediate form), route again, close."""
+
+    actions: Any = [assign_to_rep, reroute, close_disqualified]

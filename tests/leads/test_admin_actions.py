@@ -1,0 +1,96 @@
+"""Managers' lead actions in the admin: queue "assign to" (intermediate form), bulk actions,
+reassign from a lead's page; all audited as admin:<username>."""
+
+import pytest
+
+from audit.models import AuditEvent
+from leads.models import Lead
+from rotation.models import Membership, RotationState
+from tests.conftest import lead_body
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def manager(client, django_user_model):
+    user = django_user_model.objects.create_superuser("maria", "maria@example.com", "pw-maria-123")
+    client.force_login(user)
+    return client
+
+
+def queued_leads(api, make_group, n: int):
+    group, reps = make_group(2, slug="emea")
+    Membership.objects.filter(group=group).update(active=False)
+    ids = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"] for _ in range(n)]
+    return group, reps, ids
+
+
+def test_queue_assign_to_rep_asks_then_assigns(api, make_group, manager):
+    group, reps, ids = queued_leads(api, make_group, 2)
+    url = "/admin/leads/queuedlead/"
+    page = manager.post(url, {"action": "assign_to_rep", "_selected_action": ids})
+    assert page.status_code == 200 and b"Assign to" in page.content  # the intermediate form
+    done = manager.post(
+        url,
+        {"action": "assign_to_rep", "_selected_action": ids, "apply": "1", "rep": reps[1].id, "reason": "on call"},
+    )
+    assert done.status_code == 302
+    assert set(Lead.objects.filter(pk__in=ids).values_list("status", "owner_id")) == {("assigned", reps[1].id)}
+    events = AuditEvent.objects.filter(type="lead.reassigned", lead_id__in=ids)
+    assert events.count() == 2 and {e.actor for e in events} == {"admin:maria"}
+    assert all(e.explanation["reason"] == "on call" for e in events)
+    assert RotationState.objects.get(group=group).pointer == 0
+    assert manager.get(url).status_code == 200
+
+
+def test_queue_assign_without_a_reason_shows_the_form_again(api, make_group, manager):
+    group, reps, ids = queued_leads(api, make_group, 1)
+    page = manager.post(
+        "/admin/leads/queuedlead/",
+        {"action": "assign_to_rep", "_selected_action": ids, "apply": "1", "rep": reps[0].id, "reason": ""},
+    )
+    assert page.status_code == 200 and b"This field is required" in page.content
+    assert Lead.objects.get(pk=ids[0]).status == "queued"
+
+
+def test_queue_bulk_close_and_reroute(api, make_group, manager):
+    group, reps, ids = queued_leads(api, make_group, 3)
+    r = manager.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids[:1]})
+    assert r.status_code == 302
+    assert Lead.objects.get(pk=ids[0]).outcome == "disqualified"
+    assert AuditEvent.objects.get(type="lead.closed", lead_id=ids[0]).actor == "admin:maria"
+    Membership.objects.filter(group=group).update(active=True)
+    manager.post("/admin/leads/queuedlead/", {"action": "reroute", "_selected_action": ids[1:]})
+    owners = list(Lead.objects.filter(pk__in=ids[1:]).order_by("id").values_list("owner_id", flat=True))
+    assert owners == [reps[0].id, reps[1].id]
+    assert AuditEvent.objects.filter(type="lead.rerouted", actor="admin:maria").count() == 2
+
+
+def test_reassign_from_the_lead_page(api, make_group, manager):
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    change = manager.get(f"/admin/leads/lead/{lead_id}/change/")
+    assert change.status_code == 200 and f"/admin/leads/lead/{lead_id}/reassign/".encode() in change.content
+    url = f"/admin/leads/lead/{lead_id}/reassign/"
+    assert manager.get(url).status_code == 200
+    r = manager.post(url, {"rep": reps[1].id, "reason": "territory"})
+    assert r.status_code == 302
+    lead = Lead.objects.get(pk=lead_id)
+    assert lead.owner_id == reps[1].id
+    event = AuditEvent.objects.get(type="lead.reassigned", lead_id=lead_id)
+    assert event.actor == "admin:maria" and event.explanation["from_rep"] == reps[0].id
+    # Reassigning to the owner again is refused with a message, not an error page.
+    again = manager.post(url, {"rep": reps[1].id, "reason": "again"}, follow=True)
+    assert again.status_code == 200 and b"already owns" in again.content
+
+
+def test_managers_without_change_permission_cannot_act(api, make_group, client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    user = django_user_model.objects.create_user("viewer", password="pw-viewer-123", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_lead", "view_queuedlead"]))
+    client.force_login(user)
+    group, reps, ids = queued_leads(api, make_group, 1)
+    assert client.get(f"/admin/leads/lead/{ids[0]}/reassign/").status_code == 403
+    client.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids})
+    assert Lead.objects.get(pk=ids[0]).status == "queued"
