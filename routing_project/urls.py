@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from hooks.views import HookView
+from leads import admin_views
 from leads.api.views import LeadViewSet, QueueView, RotationView
 from rotation.api.rules import AbsenceViewSet, RuleViewSet
 from rotation.api.views import GroupViewSet, MembershipViewSet, RepViewSet
@@ -27,6 +28,8 @@ api_v1: list[URLPattern | URLResolver] = [
 ]
 
 urlpatterns = [
+    path("admin/dashboard/", admin.site.admin_view(admin_views.dashboard_page), name="admin-dashboard"),
+    path("admin/lead-import/", admin.site.admin_view(admin_views.import_page), name="admin-lead-import"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"),

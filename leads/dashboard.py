@@ -1,0 +1,253 @@
+"""The managers' dashboard: fairness, speed and the queue per group, over a time window.
+
+A fixed number of queries whatever the number of groups and reps (no N+1): one for the
+groups, one for the memberships, one aggregate over assignments (counts, acceptances, SLA
+breaches), one or two for the median time to accept, one for the queue episodes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from rotation.models import Group, Membership
+
+from .models import Assignment, Lead
+
+QUEUE_POINTS = 48
+# Queue episodes older than this before the window are not looked for (bounds the query).
+QUEUE_LOOKBACK = timedelta(days=30)
+
+
+@dataclass
+class RepRow:
+    rep_id: int
+    name: str
+    weight: int
+    active: bool
+    assigned: int = 0
+    accepted: int = 0
+    breaches: int = 0
+    median_accept_s: float | None = None
+    share: float = 0.0  # of the group's assignments in the window
+    weight_share: float = 0.0  # of the weights of the group's active members
+
+
+@dataclass
+class GroupPanel:
+    slug: str
+    name: str
+    strategy: str
+    sla_minutes: Any
+    active: bool
+    reps: list[RepRow] = field(default_factory=list)
+    assigned: int = 0
+    accepted: int = 0
+    breaches: int = 0
+    median_accept_s: float | None = None
+    queue_now: int = 0
+    queue_max: int = 0
+    queue_points: list[tuple[datetime, int]] = field(default_factory=list)
+    other_reps: int = 0  # assignments to reps no longer members
+
+
+def breach_q(now: datetime) -> Q:
+    """An assignment missed its SLA: not accepted by its due time (accepted late, moved on
+    after it, or still open past it)."""
+    return Q(due_at__isnull=False) & (
+        Q(accepted_at__isnull=False, accepted_at__gt=F("due_at"))
+        | Q(accepted_at__isnull=True, ended_at__isnull=False, ended_at__gt=F("due_at"))
+        | Q(accepted_at__isnull=True, ended_at__isnull=True, due_at__lt=now)
+    )
+
+
+def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None = None) -> list[GroupPanel]:
+    now = timezone.now()
+    groups = list(Group.objects.order_by("slug"))
+    if group_slug:
+        groups = [g for g in groups if g.slug == group_slug]
+    panels = {g.id: GroupPanel(g.slug, g.name, g.strategy, g.sla_minutes, g.active) for g in groups}
+    by_slug = {g.slug: panels[g.id] for g in groups}
+    rows: dict[tuple[int, int], RepRow] = {}
+    for m in Membership.objects.filter(group_id__in=panels).select_related("rep").order_by("group_id", "position"):
+        row = RepRow(m.rep_id, m.rep.name, m.weight, m.active and m.rep.active)
+        rows[(m.group_id, m.rep_id)] = row
+        panels[m.group_id].reps.append(row)
+
+    window = Q(started_at__gte=since, started_at__lt=until, group_id__in=list(panels))
+    for group_id, rep_id, n, accepted, breaches in (
+        Assignment.objects.filter(window)
+        .values_list("group_id", "rep_id")
+        .annotate(n=Count("id"), acc=Count("accepted_at"), br=Count("id", filter=breach_q(now)))
+        .values_list("group_id", "rep_id", "n", "acc", "br")
+    ):
+        panel = panels[group_id]
+        panel.assigned += n
+        panel.accepted += accepted
+        panel.breaches += breaches
+        found = rows.get((group_id, rep_id))
+        if found is None:
+            panel.other_reps += n
+            continue
+        found.assigned, found.accepted, found.breaches = n, accepted, breaches
+
+    per_rep, per_group = _medians(since, until, list(panels))
+    for (group_id, rep_id), value in per_rep.items():
+        if (group_id, rep_id) in rows:
+            rows[(group_id, rep_id)].median_accept_s = value
+    for group_id, value in per_group.items():
+        panels[group_id].median_accept_s = value
+
+    for panel in panels.values():
+        weights = sum(r.weight for r in panel.reps if r.active)
+        for r in panel.reps:
+            r.share = r.assigned / panel.assigned if panel.assigned else 0.0
+            r.weight_share = r.weight / weights if weights and r.active else 0.0
+
+    _queue_depth(by_slug, since, until, now)
+    return list(panels.values())
+
+
+def _medians(
+    since: datetime, until: datetime, group_ids: list[int]
+) -> tuple[dict[tuple[int, int], float], dict[int, float]]:
+    """Median seconds from assignment to acceptance, per (group, rep) and per group."""
+    if not group_ids:
+        return {}, {}
+    if connection.vendor == "postgresql":
+        sql = (
+            "SELECT group_id, rep_id, percentile_cont(0.5) WITHIN GROUP "
+            "(ORDER BY EXTRACT(EPOCH FROM accepted_at - started_at)) "
+            "FROM leads_assignment WHERE accepted_at IS NOT NULL AND started_at >= %s AND started_at < %s "
+            "AND group_id = ANY(%s) GROUP BY GROUPING SETS ((group_id, rep_id), (group_id))"
+        )
+        per_rep: dict[tuple[int, int], float] = {}
+        per_group: dict[int, float] = {}
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [since, until, group_ids])
+            for group_id, rep_id, median in cursor.fetchall():
+                if rep_id is None:
+                    per_group[group_id] = float(median)
+                else:
+                    per_rep[(group_id, rep_id)] = float(median)
+        return per_rep, per_group
+    # The embedded default (SQLite) has no percentile: compute it here.
+    durations: dict[tuple[int, int], list[float]] = {}
+    for group_id, rep_id, started, accepted in Assignment.objects.filter(
+        accepted_at__isnull=False, started_at__gte=since, started_at__lt=until, group_id__in=group_ids
+    ).values_list("group_id", "rep_id", "started_at", "accepted_at"):
+        if accepted is not None and group_id is not None:
+            durations.setdefault((group_id, rep_id), []).append((accepted - started).total_seconds())
+    grouped: dict[int, list[float]] = {}
+    for (group_id, _), values in durations.items():
+        grouped.setdefault(group_id, []).extend(values)
+    return (
+        {k: statistics.median(v) for k, v in durations.items()},
+        {k: statistics.median(v) for k, v in grouped.items()},
+    )
+
+
+def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime, now: datetime) -> None:
+    """Queue depth over time, from the audit trail: a lead enters the queue with an event
+    that leaves it without a rep (queued at intake, escalated or rerouted to the queue) and
+    leaves it at its next assignment or when it is closed."""
+    if not panels:
+        return
+    first_assignment = (
+        Assignment.objects.filter(lead_id=OuterRef("lead_id"), started_at__gte=OuterRef("at"))
+        .order_by("started_at")
+        .values("started_at")[:1]
+    )
+    closed = Lead.objects.filter(pk=OuterRef("lead_id"), closed_at__gte=OuterRef("at")).values("closed_at")[:1]
+    episodes = (
+        AuditEvent.objects.filter(
+            type__in=[AuditEvent.Type.LEAD_QUEUED, AuditEvent.Type.LEAD_ESCALATED, AuditEvent.Type.LEAD_REROUTED],
+            rep_id__isnull=True,
+            group__in=list(panels),
+            at__lt=until,
+            at__gte=since - QUEUE_LOOKBACK,
+        )
+        .annotate(assigned_at=Subquery(first_assignment), closed_at=Subquery(closed))
+        .values_list("group", "lead_id", "at", "assigned_at", "closed_at")
+    )
+    step = (until - since) / QUEUE_POINTS
+    ticks = [since + step * (i + 1) for i in range(QUEUE_POINTS)]
+    depth: dict[str, list[int]] = {slug: [0] * QUEUE_POINTS for slug in panels}
+    seen: set[tuple[int | None, datetime]] = set()
+    for slug, lead_id, entered, assigned_at, closed_at in episodes:
+        if (lead_id, entered) in seen:
+            continue
+        seen.add((lead_id, entered))
+        left = min((t for t in (assigned_at, closed_at) if t is not None), default=None)
+        if left is not None and left <= since:
+            continue
+        counts = depth[slug]
+        for i, t in enumerate(ticks):
+            if entered <= t and (left is None or left > t):
+                counts[i] += 1
+        if entered <= now and (left is None or left > now):
+            panels[slug].queue_now += 1
+    for slug, counts in depth.items():
+        panels[slug].queue_points = list(zip(ticks, counts, strict=True))
+        panels[slug].queue_max = max(counts, default=0)
+
+
+# --- charts: server-rendered SVG geometry (no JavaScript, no CDN) ----------------------------
+
+
+def share_chart(panel: GroupPanel, *, width: int = 520, bar: int = 10) -> dict[str, Any]:
+    """Paired horizontal bars per rep: actual share of assignments vs. weight share."""
+    label_w, gap = 150, 8
+    plot_w = width - label_w - 60
+    rows = []
+    for i, r in enumerate(panel.reps):
+        y = 10 + i * (2 * bar + gap)
+        rows.append(
+            {
+                "name": r.name,
+                "y": y,
+                "label_y": y + bar + 3,
+                "actual_w": round(plot_w * r.share, 1),
+                "weight_w": round(plot_w * r.weight_share, 1),
+                "weight_y": y + bar,
+                "actual_pct": round(100 * r.share, 1),
+                "weight_pct": round(100 * r.weight_share, 1),
+                "text_x": label_w + round(plot_w * max(r.share, r.weight_share), 1) + 4,
+            }
+        )
+    height = 20 + len(rows) * (2 * bar + gap)
+    return {"width": width, "height": height, "label_w": label_w, "plot_w": plot_w, "bar": bar, "rows": rows}
+
+
+def queue_chart(panel: GroupPanel, *, width: int = 520, height: int = 120) -> dict[str, Any]:
+    """A step line of queue depth over the window."""
+    left, bottom, top = 36, 18, 8
+    plot_w, plot_h = width - left - 8, height - bottom - top
+    points = panel.queue_points
+    peak = max(panel.queue_max, 1)
+    n = max(len(points), 1)
+    coords = []
+    for i, (_, value) in enumerate(points):
+        x0 = left + plot_w * i / n
+        x1 = left + plot_w * (i + 1) / n
+        y = top + plot_h * (1 - value / peak)
+        coords.append(f"{x0:.1f},{y:.1f} {x1:.1f},{y:.1f}")
+    return {
+        "width": width,
+        "height": height,
+        "left": left,
+        "top": top,
+        "bottom_y": top + plot_h,
+        "right_x": left + plot_w,
+        "peak": panel.queue_max,
+        "polyline": " ".join(coords),
+        "start": points[0][0] if points else None,
+        "end": points[-1][0] if points else None,
+    }

@@ -1,0 +1,96 @@
+"""The managers' dashboard and the CSV upload page in the admin."""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from leads.dashboard import dashboard_view
+from leads.models import Assignment, Lead
+from rotation.models import Membership
+
+pytestmark = pytest.mark.django_db
+
+
+def test_shares_speed_breaches_and_queue(make_group, post_lead):
+    group, reps = make_group(3, slug="emea", sla_minutes=10)
+    Membership.objects.filter(group=group, rep=reps[0]).update(weight=2)
+    for _ in range(8):
+        post_lead(group="emea")
+    now = timezone.now()
+    assignments = list(Assignment.objects.filter(group=group).order_by("id"))
+    # Two accepted after 60 s and 120 s; one accepted late; one still open past its due time.
+    for a, seconds in zip(assignments[:2], (60, 120), strict=True):
+        Assignment.objects.filter(pk=a.pk).update(accepted_at=a.started_at + timedelta(seconds=seconds))
+    a = assignments[2]
+    Assignment.objects.filter(pk=a.pk).update(accepted_at=a.started_at + timedelta(minutes=30))
+    Assignment.objects.filter(pk=assignments[3].pk).update(due_at=now - timedelta(minutes=1))
+    empty, _ = make_group(0, slug="empty")
+    for _ in range(3):
+        post_lead(group="empty")
+
+    panels = {p.slug: p for p in dashboard_view(since=now - timedelta(days=1), until=now + timedelta(minutes=1))}
+    p = panels["emea"]
+    assert (p.assigned, p.accepted, p.breaches) == (8, 3, 2)
+    assert p.median_accept_s == pytest.approx(120)
+    shares = {r.rep_id: (r.assigned, round(r.share, 3), round(r.weight_share, 3)) for r in p.reps}
+    assert shares == {reps[0].id: (3, 0.375, 0.5), reps[1].id: (3, 0.375, 0.25), reps[2].id: (2, 0.25, 0.25)}
+    assert panels["empty"].queue_now == 3 and panels["empty"].queue_max == 3
+    assert panels["empty"].queue_points[-1][1] == 3 and panels["emea"].queue_max == 0
+
+
+def test_dashboard_page_renders_its_charts_in_a_fixed_number_of_queries(admin_client, make_group, post_lead):
+    def page_queries() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            response = admin_client.get("/admin/dashboard/?days=7")
+        assert response.status_code == 200
+        return len(ctx.captured_queries)
+
+    make_group(2, slug="g0")
+    post_lead(group="g0")
+    one = page_queries()
+    for i in range(1, 5):
+        make_group(3, slug=f"g{i}")
+        post_lead(group=f"g{i}")
+    assert page_queries() == one  # no query per group or rep
+
+    html = admin_client.get("/admin/dashboard/?days=30").content.decode()
+    assert html.count('class="share-chart"') == 5 and html.count('class="queue-chart"') == 5
+    assert "<svg" in html and 'class="bar-actual"' in html
+    one_group = admin_client.get("/admin/dashboard/?group=g2").content.decode()
+    assert one_group.count('class="share-chart"') == 1
+
+
+def test_the_admin_index_links_the_dashboard_and_the_import(admin_client):
+    html = admin_client.get("/admin/").content.decode()
+    assert 'href="/admin/dashboard/"' in html and 'href="/admin/lead-import/"' in html
+
+
+def test_pages_need_their_permissions(client, db):
+    user = User.objects.create_user("viewer", password="pw-12345678", is_staff=True)
+    client.force_login(user)
+    assert client.get("/admin/dashboard/").status_code == 403
+    assert client.get("/admin/lead-import/").status_code == 403
+    user.user_permissions.add(Permission.objects.get(codename="view_lead"))
+    assert client.get("/admin/dashboard/").status_code == 200
+
+
+def test_upload_imports_and_lists_bad_lines(admin_client, make_group):
+    make_group(2, slug="emea")
+    body = b"external_id,email,group\nu-1,one@customer.example,emea\nu-2,broken,emea\nu-3,three@customer.example,emea\n"
+    response = admin_client.post(
+        "/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body, "text/csv"), "notify": "on"}
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "3 rows: 2 imported (2 assigned, 0 queued)" in html
+    assert "<td>3</td>" in html and "Enter a valid email address." in html
+    assert Lead.objects.count() == 2
+    again = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body, "text/csv")})
+    assert "2 already imported" in again.content.decode() and Lead.objects.count() == 2
+    bad = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("x.csv", b"colour\nred\n")})
+    assert "unknown columns" in bad.content.decode()
