@@ -1,0 +1,32 @@
+"""bench/routing.sql (the raw-SQL side of the benchmark) runs against the real schema and
+routes exactly: a schema change that breaks it fails here, not in the middle of `make bench`."""
+
+import subprocess
+from collections import Counter
+
+import pytest
+from django.db import connection
+
+from audit.models import AuditEvent
+from bench.run import BASE_DIR, pgbench_binary
+from leads.models import Lead
+from rotation.models import RotationState
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_pgbench_script_routes_exactly_on_the_current_schema(make_group):
+    group, reps = make_group(3)
+    db = connection.settings_dict
+    cmd = [pgbench_binary(), "-n", "-c", "2", "-t", "6", "-f", str(BASE_DIR / "bench" / "routing.sql")]
+    cmd += ["-D", f"gmin={group.id}", "-D", f"gmax={group.id}"]
+    cmd += ["-h", db["HOST"] or "127.0.0.1", "-p", str(db["PORT"] or 5432), "-U", db["USER"] or "postgres", db["NAME"]]
+    env = {"PGPASSWORD": db["PASSWORD"] or "", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+    leads = Lead.objects.filter(source="pgbench", group=group)
+    assert leads.count() == 12
+    assert set(Counter(leads.values_list("owner_id", flat=True)).values()) == {4}  # 12 leads, 3 reps
+    assert AuditEvent.objects.filter(type="lead.assigned", lead_id__in=leads.values("id")).count() == 12
+    assert RotationState.objects.get(group=group).turns == 12
