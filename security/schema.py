@@ -50,8 +50,11 @@ def document_common_errors(result: dict[str, Any], generator: Any, request: Any,
                 wanted.update(_BODY)
             if "{" in path:
                 wanted["404"] = "No such object."
-            if "parameters" in operation and any(p.get("in") == "query" for p in operation["parameters"]):
+            query = {p.get("name") for p in operation.get("parameters", []) if p.get("in") == "query"}
+            if query:
                 wanted.setdefault("400", "Invalid query parameter.")
+            if "page" in query:
+                wanted.setdefault("404", "No such page.")
             for code, description in wanted.items():
                 if code not in responses:
                     ref = "#/components/schemas/ValidationErrorBody" if code == "400" else error_ref

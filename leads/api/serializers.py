@@ -4,7 +4,6 @@ from typing import Any
 
 import pycountry
 from django.core.validators import ProhibitNullCharactersValidator
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -142,15 +141,15 @@ class LeadSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.STR)
+    @extend_schema_field(serializers.CharField(allow_null=True))
     def get_queue_reason(self, lead: Lead) -> str | None:
         return lead.queue_reason or None if lead.status == "queued" else None
 
-    @extend_schema_field(OpenApiTypes.INT)
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_duplicate_of(self, lead: Lead) -> int | None:
         return self.context.get("duplicate_of")
 
-    @extend_schema_field(OpenApiTypes.STR)
+    @extend_schema_field(serializers.ChoiceField(choices=Lead.Outcome.choices, allow_null=True))
     def get_outcome(self, lead: Lead) -> str | None:
         return lead.outcome or None
 
@@ -165,6 +164,6 @@ class AuditEventSerializer(serializers.ModelSerializer):
         fields = ["id", "type", "at", "actor", "lead", "group", "rep", "explanation", "request_id"]
         read_only_fields = fields
 
-    @extend_schema_field(OpenApiTypes.STR)
+    @extend_schema_field(serializers.CharField(allow_null=True))
     def get_group(self, event: AuditEvent) -> str | None:
         return event.group or None

@@ -21,6 +21,7 @@ from leads.models import ApiClient, Lead, LeadStatus
 from leads.routing import RoutingBusy
 from rotation.models import Group
 from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
+from routing_project.filters import StrictFilterSet
 
 from .action_views import ACTION_SCOPES, LeadActionsMixin
 from .auth import actor_of
@@ -44,7 +45,7 @@ def _printable_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and all(0x20 <= ord(ch) < 0x7F for ch in key)
 
 
-class LeadFilter(django_filters.FilterSet):
+class LeadFilter(StrictFilterSet):
     status = django_filters.ChoiceFilter(choices=LeadStatus.choices)
     group = django_filters.CharFilter(field_name="group__slug", max_length=64)
     owner = django_filters.NumberFilter(field_name="owner_id", min_value=1)
@@ -62,6 +63,7 @@ def render_lead(lead: Lead, duplicate_of: int | None) -> bytes:
 class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = LeadSerializer
     filterset_class = LeadFilter
+    lookup_value_regex = r"[0-9]+"  # /leads/abc/ is a 404, never a ValueError
     required_scopes = {
         "create": "intake",
         "list": "read",
