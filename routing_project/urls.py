@@ -5,6 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from hooks.views import HookView
 from leads import admin_views
+from leads.api.routing_views import ReplayView, SimulateView
 from leads.api.views import LeadViewSet, QueueView, RotationView
 from rotation.api.rules import AbsenceViewSet, RuleViewSet
 from rotation.api.views import GroupViewSet, MembershipViewSet, RepViewSet
@@ -24,6 +25,8 @@ api_v1: list[URLPattern | URLResolver] = [
     path("hooks/<slug:source>/", HookView.as_view(), name="hook-intake"),
     path("queue/", QueueView.as_view(), name="queue"),
     path("groups/<slug:slug>/rotation/", RotationView.as_view(), name="group-rotation"),
+    path("routing/simulate/", SimulateView.as_view(), name="routing-simulate"),
+    path("routing/replay/", ReplayView.as_view(), name="routing-replay"),
     path("", include(router.urls)),
 ]
 

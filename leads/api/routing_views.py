@@ -1,0 +1,114 @@
+"""Simulate (what routing would do now) and replay (what a configuration would have done):
+both read only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from leads.replay import ReplayError, routing_replay
+from leads.simulate import routing_simulate
+from rotation.models import Group
+
+from .serializers import LeadInSerializer, RepBriefSerializer, StrictSerializer
+from .views import COMMON_ERRORS, VALIDATION_ERROR
+
+
+class SimulateCandidateSerializer(serializers.Serializer):
+    rep = RepBriefSerializer()
+    eligible = serializers.BooleanField()
+    reason = serializers.CharField()
+
+
+class SimulateSerializer(serializers.Serializer):
+    rule = serializers.CharField(allow_null=True)
+    rules_tried = serializers.ListField(child=serializers.CharField())
+    group_source = serializers.CharField()
+    group = serializers.CharField(allow_null=True)
+    strategy = serializers.CharField(allow_null=True)
+    rep = RepBriefSerializer(allow_null=True)
+    reason = serializers.CharField(allow_null=True, help_text="rotation or owner_match")
+    queue_reason = serializers.CharField(allow_null=True)
+    duplicate_of = serializers.IntegerField(allow_null=True)
+    account = serializers.CharField(allow_null=True)
+    pointer_before = serializers.IntegerField(allow_null=True)
+    pointer_after = serializers.IntegerField(allow_null=True)
+    candidates = SimulateCandidateSerializer(many=True)
+
+
+class SimulateView(APIView):
+    """Routes a lead on paper: the rule, group, strategy and rep it would get now, and why each
+    member would or would not. Writes nothing (no lead, assignment, audit event or rotation
+    change)."""
+
+    required_scope = "intake"
+
+    @extend_schema(
+        request=LeadInSerializer, responses={200: SimulateSerializer, 400: VALIDATION_ERROR, **COMMON_ERRORS}
+    )
+    def post(self, request: Request) -> Response:
+        incoming = LeadInSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = dict(incoming.validated_data)
+        requested: Group | None = data.pop("group", None)
+        return Response(routing_simulate(data=data, requested=requested))
+
+
+class ReplayInSerializer(StrictSerializer):
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    group = serializers.SlugField(max_length=64, required=False, allow_null=True)
+    config = serializers.JSONField(
+        required=False,
+        allow_null=True,
+        help_text='Proposed configuration, e.g. {"strategy": "weighted", "members": {"12": {"weight": 3}}} '
+        'for `group`; or {"groups": {slug: {...}}}; "rules": [{name, priority, conditions, group}] replaces '
+        "the active rules. Members take weight, active, max_open, max_per_day.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["until"] <= attrs["since"]:
+            raise serializers.ValidationError({"until": ["Must be after since."]})
+        return attrs
+
+
+REPLAY_RESPONSE = inline_serializer(
+    "Replay",
+    fields={
+        "since": serializers.DateTimeField(),
+        "until": serializers.DateTimeField(),
+        "group": serializers.CharField(allow_null=True),
+        "config": serializers.JSONField(),
+        "turns": serializers.IntegerField(),
+        "changed": serializers.IntegerField(),
+        "groups": serializers.ListField(child=serializers.DictField()),
+    },
+)
+
+
+class ReplayView(APIView):
+    """What-if: routes the decisions of a past window again, in memory, through the current or
+    a proposed configuration, and returns per-rep counts actual vs proposed. Writes nothing."""
+
+    required_scope = "manage"
+
+    @extend_schema(
+        request=ReplayInSerializer,
+        responses={200: REPLAY_RESPONSE, 400: VALIDATION_ERROR, **COMMON_ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        incoming = ReplayInSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        data = incoming.validated_data
+        try:
+            result = routing_replay(
+                since=data["since"], until=data["until"], group=data.get("group"), config=data.get("config")
+            )
+        except ReplayError as exc:
+            raise serializers.ValidationError(exc.errors) from None
+        return Response(result)

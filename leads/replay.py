@@ -1,0 +1,522 @@
+"""Replay: route a past window's leads again, in memory, through the current or a proposed
+configuration, and compare per-rep counts with what routing actually did. Writes nothing.
+
+What a replay takes from where:
+
+- the turns: every routing decision recorded in the audit trail in [since, until) (intake,
+  bulk import, escalation, reroute, queue drain: each event whose explanation carries the
+  decision), in the order they were taken;
+- the rotation's starting point per group: the pointer and weights recorded before the group's
+  first decision in the window (the rotation row now, for a group with none);
+- availability at the time (rep inactive, paused, out of office, outside working hours, already
+  had the lead): from the record of each decision, since that is what was true then; a member
+  with no record for that decision (a lead a proposed rule sends elsewhere) is judged from the
+  current configuration at the decision's time (absences, working hours);
+- configuration (strategy, members and their weights, caps, rules): the current one, with the
+  proposed overrides; a proposed `active` overrides the recorded pause; members that joined
+  after a decision are not candidates for it;
+- counts for caps and least-loaded: the open/today counts routing read then (recorded when it
+  needed them), shifted by how many more or fewer leads the replay has given each rep so far;
+  without a record, today's count is rebuilt from assignments and the open count from leads
+  still open that were assigned before the window (an approximation: closes inside the window
+  are not replayed);
+- account-owner matches stay with the owner (no turn), unless a proposed rule moves the lead.
+
+So a replay of the live configuration over a window in which the configuration did not change
+reproduces what routing did, turn by turn.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Q
+
+from audit.models import AuditEvent
+from rotation import strategies
+from rotation.eligibility import MemberFacts, eligibility, within_working_hours
+from rotation.models import Absence, Group, Membership, Rep, RotationState, Strategy
+from rotation.rules import RuleError, RuleSpec, lead_facts, match_rules, validate_conditions
+
+from . import routing
+from .models import OPEN_STATUSES, Assignment, Lead
+
+UNAVAILABLE = (
+    "rep inactive",
+    "paused in this group",
+    "out of office",
+    "outside working hours",
+    "already had this lead",
+)
+MEMBER_OVERRIDES = {"weight", "active", "max_open", "max_per_day"}
+GROUP_OVERRIDES = {"strategy", "members"}
+CONFIG_KEYS = GROUP_OVERRIDES | {"groups", "rules"}
+
+
+Counts = Callable[[int, datetime, Mapping[str, Any] | None], tuple[int, int]]
+
+
+class ReplayError(ValueError):
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(m for ms in errors.values() for m in ms))
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class MemberConfig:
+    rep_id: int
+    name: str
+    email: str
+    position: int
+    weight: int
+    active: bool
+    rep_active: bool
+    max_open: int | None
+    max_per_day: int | None
+    joined_at: datetime
+    timezone: str
+    working_hours: Mapping[str, Any] | None
+
+
+@dataclass
+class GroupConfig:
+    id: int
+    slug: str
+    strategy: str
+    timezone: str
+    active: bool
+    members: dict[int, MemberConfig]
+    active_override: dict[int, bool] = field(default_factory=dict)
+
+
+# --- configuration -----------------------------------------------------------------------------
+
+
+def _current_groups() -> dict[str, GroupConfig]:
+    groups = {
+        g.slug: GroupConfig(g.id, g.slug, g.strategy, g.timezone, g.active, {}) for g in Group.objects.order_by("slug")
+    }
+    by_id = {g.id: g for g in groups.values()}
+    for m in Membership.objects.select_related("rep").order_by("position"):
+        by_id[m.group_id].members[m.rep_id] = MemberConfig(
+            m.rep_id,
+            m.rep.name,
+            m.rep.email,
+            m.position,
+            m.weight,
+            m.active,
+            m.rep.active,
+            m.max_open,
+            m.max_per_day,
+            m.joined_at,
+            m.rep.timezone,
+            m.rep.working_hours,
+        )
+    return groups
+
+
+def _count(value: Any, name: str, minimum: int, allow_null: bool) -> int | None:
+    if value is None and allow_null:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value > 1_000_000:
+        raise ValueError(f"{name} must be an integer from {minimum} to 1000000{' or null' if allow_null else ''}.")
+    return value
+
+
+def _apply_group(group: GroupConfig, spec: Any, where: str, errors: list[str]) -> None:
+    if not isinstance(spec, dict):
+        errors.append(f"{where}: must be an object with strategy and/or members.")
+        return
+    for key in sorted(set(spec) - GROUP_OVERRIDES):
+        errors.append(f"{where}: unknown key '{key}' (use strategy, members).")
+    if "strategy" in spec:
+        if spec["strategy"] not in Strategy.values:
+            errors.append(f"{where}.strategy: one of {', '.join(Strategy.values)}.")
+        else:
+            group.strategy = spec["strategy"]
+    members = spec.get("members", {})
+    if not isinstance(members, dict):
+        errors.append(f"{where}.members: an object keyed by rep id.")
+        return
+    for key, override in members.items():
+        try:
+            rep_id = int(key)
+        except (TypeError, ValueError):
+            errors.append(f"{where}.members: '{key}' is not a rep id.")
+            continue
+        member = group.members.get(rep_id)
+        if member is None:
+            errors.append(f"{where}.members: rep {rep_id} is not a member of '{group.slug}'.")
+            continue
+        if not isinstance(override, dict):
+            errors.append(f"{where}.members.{rep_id}: an object of {', '.join(sorted(MEMBER_OVERRIDES))}.")
+            continue
+        for name in sorted(set(override) - MEMBER_OVERRIDES):
+            errors.append(f"{where}.members.{rep_id}: unknown key '{name}'.")
+        try:
+            changes: dict[str, Any] = {}
+            if "weight" in override:
+                changes["weight"] = _count(override["weight"], "weight", 1, False)
+            for cap in ("max_open", "max_per_day"):
+                if cap in override:
+                    changes[cap] = _count(override[cap], cap, 0, True)
+            if "active" in override:
+                if not isinstance(override["active"], bool):
+                    raise ValueError("active must be true or false.")
+                group.active_override[rep_id] = override["active"]
+        except ValueError as exc:
+            errors.append(f"{where}.members.{rep_id}: {exc}")
+            continue
+        group.members[rep_id] = replace(member, **changes)
+
+
+def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupConfig], list[RuleSpec] | None]:
+    """The current configuration with the proposed overrides applied; ReplayError names every
+    problem. `config` may hold `strategy`/`members` (for `group`), `groups` (by slug) and
+    `rules` (replacing the active rules)."""
+    groups = _current_groups()
+    errors: list[str] = []
+    if group is not None and group not in groups:
+        raise ReplayError({"group": [f"No group with slug '{group}'."]})
+    config = {} if config is None else config
+    if not isinstance(config, dict):
+        raise ReplayError({"config": ["Must be an object (strategy, members, groups, rules)."]})
+    for key in sorted(set(config) - CONFIG_KEYS):
+        errors.append(f"unknown key '{key}' (use {', '.join(sorted(CONFIG_KEYS))}).")
+    own = {k: v for k, v in config.items() if k in GROUP_OVERRIDES}
+    if own:
+        if group is None:
+            errors.append("strategy and members apply to the replayed group: name it in 'group' (or use 'groups').")
+        else:
+            _apply_group(groups[group], own, group, errors)
+    per_group = config.get("groups", {})
+    if not isinstance(per_group, dict):
+        errors.append("groups: an object keyed by group slug.")
+        per_group = {}
+    for slug, spec in per_group.items():
+        if slug not in groups:
+            errors.append(f"groups: no group with slug '{slug}'.")
+            continue
+        _apply_group(groups[slug], spec, f"groups.{slug}", errors)
+    rules: list[RuleSpec] | None = None
+    if "rules" in config:
+        rules = []
+        if not isinstance(config["rules"], list):
+            errors.append("rules: a list of {name, priority, conditions, group}.")
+        else:
+            for i, spec in enumerate(config["rules"]):
+                where = f"rules[{i}]"
+                if not isinstance(spec, dict) or not isinstance(spec.get("group"), str):
+                    errors.append(f"{where}: an object with name, priority, conditions and group (slug).")
+                    continue
+                if spec["group"] not in groups:
+                    errors.append(f"{where}: no group with slug '{spec['group']}'.")
+                    continue
+                priority = spec.get("priority", 100)
+                if isinstance(priority, bool) or not isinstance(priority, int):
+                    errors.append(f"{where}: priority must be an integer.")
+                    continue
+                try:
+                    conditions = validate_conditions(spec.get("conditions"))
+                except RuleError as exc:
+                    errors.extend(f"{where}: {m}" for m in exc.messages)
+                    continue
+                rules.append(RuleSpec(-(i + 1), str(spec.get("name") or where), priority, conditions, spec["group"]))
+    if errors:
+        raise ReplayError({"config": errors})
+    return groups, rules
+
+
+# --- the replay --------------------------------------------------------------------------------
+
+
+@dataclass
+class _GroupRun:
+    config: GroupConfig
+    pointer: int
+    weights: dict[str, int]
+    started: bool = False
+
+
+def _recorded_unavailable(reason: str) -> str:
+    return reason if reason.startswith(UNAVAILABLE) else ""
+
+
+def routing_replay(*, since: datetime, until: datetime, group: str | None = None, config: Any = None) -> dict[str, Any]:
+    """Routes the window's decisions again in memory and returns per-rep counts, actual vs
+    proposed, per group. Reads only."""
+    if until <= since:
+        raise ReplayError({"until": ["Must be after since."]})
+    groups, rules = replay_config(config=config, group=group)
+    events = AuditEvent.objects.filter(at__gte=since, at__lt=until).filter(
+        Q(explanation__has_key="candidates") | Q(explanation__has_key="group_source")
+    )
+    if group is not None and rules is None:
+        events = events.filter(group=group)
+    turns = list(events.order_by("id").values("id", "type", "at", "lead_id", "group", "rep_id", "explanation"))
+
+    leads: dict[int, dict[str, Any]] = {}
+    default_group = next((g.slug for g in Group.objects.filter(is_default=True)), None)
+    if rules is not None:
+        ids = {t["lead_id"] for t in turns if "group_source" in t["explanation"]}
+        for row in Lead.objects.filter(id__in=ids).values(
+            "id",
+            "email",
+            "country",
+            "region",
+            "source",
+            "product",
+            "score",
+            "company_size",
+            "attributes",
+            "requested_group",
+        ):
+            leads[row["id"]] = dict(row)
+
+    absences: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for rep_id, starts, ends in Absence.objects.filter(starts_at__lt=until, ends_at__gt=since).values_list(
+        "rep_id", "starts_at", "ends_at"
+    ):
+        absences[rep_id].append((starts, ends))
+
+    runs: dict[str, _GroupRun] = {}
+    actual: dict[str, Counter[int | None]] = defaultdict(Counter)
+    proposed: dict[str, Counter[int | None]] = defaultdict(Counter)
+    delta_open: Counter[tuple[str, int]] = Counter()
+    delta_today: Counter[tuple[str, int, datetime]] = Counter()
+    replayed_today: Counter[tuple[str, int, datetime]] = Counter()
+    actual_in_window: Counter[tuple[str, int]] = Counter()
+    baseline_cache: dict[tuple[str, Any, int, datetime | None], int] = {}
+    changed = 0
+    queued_none = "(no group)"
+
+    def run_for(slug: str, first: Mapping[str, Any] | None) -> _GroupRun:
+        if slug not in runs:
+            g = groups[slug]
+            if first is not None and "pointer_before" in first:
+                pointer, weights = first["pointer_before"], dict(first.get("current_weights_before") or {})
+            else:
+                state = RotationState.objects.filter(group_id=g.id).first()
+                pointer = state.pointer if state else 0
+                weights = dict(state.current_weights or {}) if state else {}
+            runs[slug] = _GroupRun(g, pointer, weights)
+        return runs[slug]
+
+    def baseline(kind: str, g: GroupConfig, rep_id: int, day: datetime | None) -> int:
+        key = (kind, g.id, rep_id, day)
+        if key not in baseline_cache:
+            if kind == "open":
+                baseline_cache[key] = Lead.objects.filter(
+                    group_id=g.id, owner_id=rep_id, status__in=OPEN_STATUSES, assigned_at__lt=since
+                ).count()
+            else:
+                assert day is not None
+                baseline_cache[key] = (
+                    Assignment.objects.filter(
+                        group_id=g.id, rep_id=rep_id, started_at__gte=day, started_at__lt=since
+                    ).count()
+                    if day < since
+                    else 0
+                )
+        return baseline_cache[key]
+
+    def counts_for(g: GroupConfig) -> Counts:
+        def counts(rep_id: int, day: datetime, record: Mapping[str, Any] | None) -> tuple[int, int]:
+            """(open, today) as routing would read them in the replayed history."""
+            if record is not None and "open" in record:
+                open_ = record["open"] + delta_open[(g.slug, rep_id)]
+            else:
+                open_ = baseline("open", g, rep_id, None) + delta_open[(g.slug, rep_id)] + _actual_open_so_far(rep_id)
+            if record is not None and "today" in record:
+                today = record["today"] + delta_today[(g.slug, rep_id, day)]
+            else:
+                today = baseline("today", g, rep_id, day) + replayed_today[(g.slug, rep_id, day)]
+            return max(open_, 0), max(today, 0)
+
+        def _actual_open_so_far(rep_id: int) -> int:
+            return actual_in_window[(g.slug, rep_id)]
+
+        return counts
+
+    for turn in turns:
+        ex: dict[str, Any] = turn["explanation"]
+        at: datetime = turn["at"]
+        actual_group = turn["group"] or None
+        actual_rep = ex.get("chosen")
+        actual[actual_group or queued_none][actual_rep] += 1
+
+        target = actual_group
+        if rules is not None and "group_source" in ex and turn["lead_id"] in leads:
+            lead = leads[turn["lead_id"]]
+            match = match_rules(rules, lead_facts(lead))
+            if match.rule is not None:
+                target = match.rule.group_slug
+            elif lead["requested_group"] and lead["requested_group"] in groups:
+                target = lead["requested_group"]
+            else:
+                target = default_group
+        picked: int | None = None
+        if target is not None and target in groups and groups[target].active:
+            same_group = target == actual_group
+            if same_group and ex.get("reason") == "owner_match":
+                picked = actual_rep
+            else:
+                run = run_for(target, ex if same_group else None)
+                picked = _replay_turn(
+                    run=run,
+                    recorded={c["rep"]: c for c in ex.get("candidates", [])} if same_group else {},
+                    at=at,
+                    absences=absences,
+                    counts=counts_for(run.config),
+                )
+        proposed[target or queued_none][picked] += 1
+        if (target, picked) != (actual_group, actual_rep):
+            changed += 1
+        # What the replay gave beyond (or short of) what routing gave: shifts the recorded counts.
+        if picked is not None and target is not None and target in groups:
+            day = routing.day_start(at, groups[target].timezone)
+            delta_open[(target, picked)] += 1
+            delta_today[(target, picked, day)] += 1
+            replayed_today[(target, picked, day)] += 1
+        if actual_rep is not None and actual_group is not None and actual_group in groups:
+            day = routing.day_start(at, groups[actual_group].timezone)
+            delta_open[(actual_group, actual_rep)] -= 1
+            delta_today[(actual_group, actual_rep, day)] -= 1
+            actual_in_window[(actual_group, actual_rep)] += 1
+
+    return _report(
+        since=since,
+        until=until,
+        group=group,
+        config=config,
+        groups=groups,
+        actual=actual,
+        proposed=proposed,
+        turns=len(turns),
+        changed=changed,
+        queued_none=queued_none,
+    )
+
+
+def _replay_turn(
+    *,
+    run: _GroupRun,
+    recorded: Mapping[int, Mapping[str, Any]],
+    at: datetime,
+    absences: Mapping[int, list[tuple[datetime, datetime]]],
+    counts: Counts,
+) -> int | None:
+    g = run.config
+    day = routing.day_start(at, g.timezone)
+    candidates: list[strategies.Candidate] = []
+    for m in g.members.values():
+        if m.joined_at > at and m.rep_id not in recorded:
+            continue  # joined after this decision
+        record = recorded.get(m.rep_id)
+        if record is not None:
+            why = _recorded_unavailable(str(record.get("reason") or ""))
+        elif not m.rep_active:
+            why = "rep inactive"
+        elif not m.active:
+            why = "paused in this group"
+        elif any(s <= at < e for s, e in absences.get(m.rep_id, ())):
+            why = "out of office"
+        elif not within_working_hours(m.working_hours, m.timezone, at):
+            why = "outside working hours"
+        else:
+            why = ""
+        override = g.active_override.get(m.rep_id)
+        if override is False:
+            why = why or "paused in this group (proposed)"
+        elif override is True and why.startswith("paused in this group"):
+            why = ""
+        open_, today = counts(m.rep_id, day, record)
+        ok = not why
+        if ok:
+            facts = MemberFacts(
+                m.rep_id,
+                m.name,
+                m.email,
+                m.position,
+                m.weight,
+                True,
+                True,
+                max_open=m.max_open,
+                max_per_day=m.max_per_day,
+                open=open_,
+                assigned_today=today,
+            )
+            ok, why = eligibility(facts, at)
+        candidates.append(strategies.Candidate(m.rep_id, m.position, m.weight, ok, why, open_))
+    pick = strategies.pick(g.strategy, candidates, run.pointer, run.weights)
+    if pick.rep_id is not None:
+        run.pointer = pick.pointer
+        run.weights = pick.current_weights if g.strategy == Strategy.WEIGHTED else {}
+    return pick.rep_id
+
+
+def _report(
+    *,
+    since: datetime,
+    until: datetime,
+    group: str | None,
+    config: Any,
+    groups: Mapping[str, GroupConfig],
+    actual: Mapping[str, Counter[int | None]],
+    proposed: Mapping[str, Counter[int | None]],
+    turns: int,
+    changed: int,
+    queued_none: str,
+) -> dict[str, Any]:
+    current = _current_groups()
+    slugs: list[str] = [group] if group is not None else sorted(set(actual) | set(proposed))
+    out = []
+    names = {m.rep_id: (m.name, m.email) for g in current.values() for m in g.members.values()}
+    seen: set[int | None] = set()
+    for s in slugs:
+        seen.update(actual.get(s, Counter()), proposed.get(s, Counter()))
+    missing = seen - set(names) - {None}
+    if missing:
+        names.update({r.id: (r.name, r.email) for r in Rep.objects.filter(id__in=missing)})
+    for slug in slugs:
+        a, p = actual.get(slug, Counter()), proposed.get(slug, Counter())
+        g, now = groups.get(slug), current.get(slug)
+        reps = []
+        order = list(g.members) if g else []
+        order += sorted({r for r in (*a, *p) if r is not None and r not in order})
+        for rep_id in order:
+            name, email = names.get(rep_id, ("", ""))
+            reps.append(
+                {
+                    "rep": {"id": rep_id, "name": name, "email": email},
+                    "weight": now.members[rep_id].weight if now and rep_id in now.members else None,
+                    "proposed_weight": g.members[rep_id].weight if g and rep_id in g.members else None,
+                    "actual": a.get(rep_id, 0),
+                    "proposed": p.get(rep_id, 0),
+                    "difference": p.get(rep_id, 0) - a.get(rep_id, 0),
+                }
+            )
+        out.append(
+            {
+                "group": None if slug == queued_none else slug,
+                "strategy": now.strategy if now else None,
+                "proposed_strategy": g.strategy if g else None,
+                "actual_total": sum(a.values()),
+                "proposed_total": sum(p.values()),
+                "queued": {"actual": a.get(None, 0), "proposed": p.get(None, 0)},
+                "reps": reps,
+            }
+        )
+    return {
+        "since": since.isoformat(),
+        "until": until.isoformat(),
+        "group": group,
+        "config": config or {},
+        "turns": turns,
+        "changed": changed,
+        "groups": out,
+    }

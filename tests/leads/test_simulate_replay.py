@@ -1,0 +1,304 @@
+"""Simulate, the rotation view and replay: they agree with routing, and write nothing."""
+
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.apps import apps
+from django.core.management import call_command
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from leads.models import ApiClient
+from rotation.models import Account, Membership, RotationState
+from tests.conftest import lead_body
+
+pytestmark = pytest.mark.django_db
+
+
+def snapshot() -> dict:
+    """Row counts of every table, and every rotation row and token's last use."""
+    counts = {
+        m._meta.label: m._default_manager.count()
+        for m in apps.get_models()
+        if m._meta.managed and not m._meta.proxy and not m._meta.abstract
+    }
+    rotations = list(RotationState.objects.order_by("group_id").values("group_id", "pointer", "current_weights"))
+    return {"counts": counts, "rotations": rotations}
+
+
+def post(api, slug=None, **fields):
+    body = lead_body(**fields) if slug is None else lead_body(group=slug, **fields)
+    r = api.post("/api/v1/leads/", body, format="json")
+    assert r.status_code in (200, 201), r.content
+    return r.json()
+
+
+# --- simulate ----------------------------------------------------------------------------------
+
+
+def test_simulate_returns_the_decision_and_writes_nothing(api, make_group):
+    group, (a, b, c) = make_group(3, slug="pool")
+    Membership.objects.filter(rep=b).update(active=False)
+    post(api, "pool")  # a
+    api.get("/api/v1/queue/")  # the token's last use is fresh: the simulate call below writes nothing
+    before = snapshot()
+    r = api.post("/api/v1/routing/simulate/", lead_body(group="pool", country="FR"), format="json")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert snapshot() == before
+    assert body["rule"] is None and body["group"] == "pool" and body["strategy"] == "round_robin"
+    assert body["rep"] == {"id": c.id, "name": c.name, "email": c.email}
+    assert body["reason"] == "rotation" and body["queue_reason"] is None
+    assert [(x["rep"]["id"], x["eligible"], x["reason"]) for x in body["candidates"]] == [
+        (a.id, True, "not next in rotation"),
+        (b.id, False, "paused in this group"),
+        (c.id, True, "chosen"),
+    ]
+    # ... and routing then does exactly that.
+    assert post(api, "pool")["owner"]["id"] == c.id
+
+
+def test_simulate_rule_owner_duplicate_and_queue(api, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    make_group(1, slug="off", active=False)
+    api.post(
+        "/api/v1/rules/",
+        {
+            "name": "FR",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "equals", "value": "FR"}],
+            "group": "pool",
+        },
+        format="json",
+    )
+    Account.objects.create(domain="acme.example", owner=b)
+    sim = api.post("/api/v1/routing/simulate/", {"email": "x@acme.example", "country": "FR"}, format="json").json()
+    assert sim["rule"] == "FR" and sim["rep"]["id"] == b.id and sim["reason"] == "owner_match"
+    assert sim["account"] == "acme.example" and sim["pointer_before"] == sim["pointer_after"]
+    first = post(api, "pool", email="dup@other.example")
+    dup = api.post("/api/v1/routing/simulate/", {"email": "DUP@other.example ", "group": "pool"}, format="json").json()
+    assert dup["duplicate_of"] == first["id"] and dup["rep"] is None
+    none = api.post("/api/v1/routing/simulate/", {"email": "n@x.example"}, format="json").json()
+    assert none["group"] is None and "no rule matched" in none["queue_reason"]
+    off = api.post("/api/v1/routing/simulate/", {"email": "n@x.example", "group": "off"}, format="json").json()
+    assert off["queue_reason"] == "group 'off' is inactive"
+
+
+def test_simulate_validates_like_intake_and_needs_intake_scope(api, api_with, make_group):
+    r = api.post("/api/v1/routing/simulate/", {"email": "nope", "colour": "red", "group": "missing"}, format="json")
+    assert r.status_code == 400 and {"email", "colour", "group"} <= set(r.json())
+    assert api_with(["read", "manage"]).post("/api/v1/routing/simulate/", lead_body(), format="json").status_code == 403
+
+
+# --- rotation view -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "weighted", "least_loaded"])
+def test_rotation_view_next_is_what_routing_does(api, make_group, strategy):
+    group, reps = make_group(4, slug="pool", strategy=strategy)
+    Membership.objects.filter(rep=reps[0]).update(weight=3)
+    Membership.objects.filter(rep=reps[1]).update(max_per_day=2)
+    Membership.objects.filter(rep=reps[2]).update(max_open=1)
+    for i in range(14):
+        if i == 5:
+            Membership.objects.filter(rep=reps[3]).update(active=False)
+        if i == 9:
+            Membership.objects.filter(rep=reps[3]).update(active=True)
+        view = api.get("/api/v1/groups/pool/rotation/").json()
+        body = post(api, "pool")
+        expected = view["next"]["id"] if view["next"] else None
+        assert (body["owner"] or {}).get("id") == expected, (i, view)
+    view = api.get("/api/v1/groups/pool/rotation/").json()
+    assert {"group", "strategy", "pointer", "next", "members"} <= set(view)
+    member = view["members"][0]
+    for key in (
+        "rep",
+        "position",
+        "weight",
+        "active",
+        "eligible",
+        "reason",
+        "current_weight",
+        "open",
+        "assigned_today",
+        "assigned_week",
+        "share",
+    ):
+        assert key in member
+    assert sum(m["assigned_today"] for m in view["members"]) == 14
+    assert sum(m["assigned_week"] for m in view["members"]) == 14
+    assert member["share"] == pytest.approx(3 / 6)
+    capped = view["members"][1]
+    assert capped["eligible"] is False and capped["reason"] == "at max_per_day cap (2/2)"
+
+
+def test_group_admin_page_shows_the_rotation(client, django_user_model, make_group, api):
+    group, reps = make_group(2, slug="pool", strategy="weighted")
+    post(api, "pool")
+    client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw"))
+    page = client.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
+    assert "rotation-view" in page and reps[1].name in page and "Next:" in page
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+def replay(api, **body):
+    now = timezone.now()
+    payload = {"since": (now - timedelta(hours=1)).isoformat(), "until": (now + timedelta(minutes=1)).isoformat()}
+    payload.update(body)
+    r = api.post("/api/v1/routing/replay/", payload, format="json")
+    assert r.status_code == 200, r.content
+    return r.json()
+
+
+def counts(result, slug):
+    (g,) = [g for g in result["groups"] if g["group"] == slug]
+    return {r["rep"]["id"]: (r["actual"], r["proposed"]) for r in g["reps"]}, g
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "weighted", "least_loaded"])
+def test_replay_of_the_live_configuration_reproduces_routing(api, make_group, strategy):
+    group, reps = make_group(4, slug="pool", strategy=strategy)
+    Membership.objects.filter(rep=reps[0]).update(weight=3)
+    Membership.objects.filter(rep=reps[1]).update(weight=2, max_per_day=4)
+    Membership.objects.filter(rep=reps[2]).update(max_open=3)
+    Account.objects.create(domain="acme.example", owner=reps[3])
+    owners = []
+    for i in range(30):
+        if i == 6:
+            api.patch(f"/api/v1/groups/pool/members/{reps[3].id}/", {"active": False}, format="json")
+        if i == 12:
+            now = timezone.now()
+            api.post(
+                f"/api/v1/reps/{reps[0].id}/absences/",
+                {
+                    "starts_at": (now - timedelta(minutes=1)).isoformat(),
+                    "ends_at": (now + timedelta(hours=1)).isoformat(),
+                },
+                format="json",
+            )
+        if i == 18:
+            absence = api.get(f"/api/v1/reps/{reps[0].id}/absences/").json()[0]
+            api.delete(f"/api/v1/reps/{reps[0].id}/absences/{absence['id']}/")
+            api.patch(f"/api/v1/groups/pool/members/{reps[3].id}/", {"active": True}, format="json")
+        email = f"buyer{i}@acme.example" if i % 7 == 3 else None
+        body = post(api, "pool", **({"email": email} if email else {}))
+        owners.append((body["owner"] or {}).get("id"))
+        if i == 20:  # a closed lead frees capacity
+            from leads.models import Lead
+
+            first = Lead.objects.filter(owner=reps[2]).order_by("id").first()
+            Lead.objects.filter(pk=first.pk).update(status="closed", owner=None, outcome="won")
+    before = snapshot()
+    result = replay(api, group="pool")
+    assert snapshot() == before
+    per_rep, g = counts(result, "pool")
+    assert result["turns"] == 30 and result["changed"] == 0, result
+    assert all(actual == proposed for actual, proposed in per_rep.values()), per_rep
+    assert sum(a for a, _ in per_rep.values()) + g["queued"]["actual"] == 30
+    assert len(set(owners)) >= 3
+
+
+def test_replay_with_a_changed_weight(api, make_group):
+    group, (a, b) = make_group(2, slug="pool", strategy="weighted")
+    for _ in range(20):
+        post(api, "pool")
+    result = replay(api, group="pool", config={"members": {str(b.id): {"weight": 3}}})
+    per_rep, g = counts(result, "pool")
+    assert per_rep == {a.id: (10, 5), b.id: (10, 15)}
+    assert g["strategy"] == g["proposed_strategy"] == "weighted"
+    assert [r["proposed_weight"] for r in g["reps"]] == [1, 3]
+    assert result["changed"] >= 5  # turns given to another rep than routing did
+    # Other proposals: a strategy, a pause, a cap.
+    per_rep, _ = counts(replay(api, group="pool", config={"members": {str(a.id): {"active": False}}}), "pool")
+    assert per_rep == {a.id: (10, 0), b.id: (10, 20)}
+    per_rep, g = counts(replay(api, group="pool", config={"members": {str(a.id): {"max_per_day": 3}}}), "pool")
+    assert per_rep == {a.id: (10, 3), b.id: (10, 17)}
+
+
+def test_replay_with_proposed_rules_moves_leads_between_groups(api, make_group):
+    emea, (e1,) = make_group(1, slug="emea", is_default=True)
+    fr, (f1, f2) = make_group(2, slug="france")
+    for i in range(6):
+        post(api, country="FR" if i % 2 else "DE")
+    rules = [
+        {
+            "name": "FR",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+            "group": "france",
+        }
+    ]
+    before = snapshot()
+    result = replay(api, config={"rules": rules})
+    assert snapshot() == before
+    emea_counts, _ = counts(result, "emea")
+    fr_counts, _ = counts(result, "france")
+    assert emea_counts[e1.id] == (6, 3)
+    assert fr_counts == {f1.id: (0, 2), f2.id: (0, 1)}
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({"config": {"colour": 1}}, "config", "unknown key 'colour'"),
+        ({"config": {"members": {"1": {"weight": 2}}}}, "config", "name it in 'group'"),
+        ({"group": "pool", "config": {"strategy": "random"}}, "config", "strategy: one of"),
+        ({"group": "pool", "config": {"members": {"999999": {"weight": 2}}}}, "config", "not a member"),
+        ({"group": "pool", "config": {"members": {"{a}": {"weight": 0}}}}, "config", "weight must be"),
+        ({"group": "pool", "config": {"members": {"{a}": {"speed": 1}}}}, "config", "unknown key 'speed'"),
+        (
+            {"config": {"rules": [{"name": "x", "conditions": [{"field": "colour"}], "group": "pool"}]}},
+            "config",
+            "field",
+        ),
+        ({"config": {"rules": [{"name": "x", "conditions": [], "group": "nope"}]}}, "config", "no group"),
+        ({"group": "nope"}, "group", "No group"),
+        ({"config": [1]}, "config", "Must be an object"),
+        ({"until": "2020-01-01T00:00:00Z"}, "until", "after since"),
+        ({"since": "yesterday"}, "since", ""),
+    ],
+)
+def test_bad_replay_is_400_naming_the_problem(api, make_group, body, field, message):
+    group, (a,) = make_group(1, slug="pool")
+    text = json.dumps(body).replace("{a}", str(a.id))
+    now = timezone.now()
+    payload = {"since": (now - timedelta(hours=1)).isoformat(), "until": now.isoformat(), **json.loads(text)}
+    r = api.post("/api/v1/routing/replay/", payload, format="json")
+    assert r.status_code == 400, r.content
+    assert message in json.dumps(r.json()[field])
+
+
+def test_replay_needs_manage_scope(api_with):
+    r = api_with(["intake", "read"]).post("/api/v1/routing/replay/", {}, format="json")
+    assert r.status_code == 403
+
+
+def test_replay_command_prints_counts_and_writes_nothing(api, make_group):
+    group, (a, b) = make_group(2, slug="pool", strategy="weighted")
+    for _ in range(8):
+        post(api, "pool")
+    before = snapshot()
+    out = io.StringIO()
+    since = (timezone.now() - timedelta(hours=1)).isoformat()
+    call_command(
+        "replay_routing",
+        "--since",
+        since,
+        "--group",
+        "pool",
+        "--config",
+        json.dumps({"members": {str(a.id): {"weight": 3}}}),
+        stdout=out,
+    )
+    assert snapshot() == before
+    text = out.getvalue()
+    assert "8 routing decisions" in text and a.name in text and "1->3" in text
+    out = io.StringIO()
+    call_command("replay_routing", "--since", since, "--json", stdout=out)
+    assert json.loads(out.getvalue())["changed"] == 0
+    assert AuditEvent.objects.filter(type="lead.assigned").count() == 8
+    assert ApiClient.objects.count() >= 1
