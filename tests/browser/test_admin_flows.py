@@ -1,0 +1,187 @@
+"""The admin as people use it, in a real browser (Playwright on Debian's chromium)."""
+
+import json
+import os
+import re
+import urllib.request
+
+import pytest
+from django.contrib.auth.models import Group as Role
+from django.contrib.auth.models import Permission, User
+from playwright.sync_api import Page, expect
+
+from audit.models import AuditEvent
+from leads.models import Lead
+from leads.tokens import api_client_create
+from rotation import services
+from rotation.models import Group, Membership
+from tests.factories import GroupFactory, RepFactory
+
+from .conftest import SCREENSHOTS
+
+pytestmark = [pytest.mark.xdist_group("browser"), pytest.mark.postgres]
+PASSWORD = "a-long-test-password"
+
+
+def user_in(role: str, username: str) -> User:
+    """A staff user holding one of the admin roles (the roles migration makes the groups)."""
+    user = User.objects.create_user(username, password=PASSWORD, is_staff=True)
+    group = Role.objects.filter(name=role).first()
+    if group is None or not group.permissions.exists():  # flushed by an earlier transactional test
+        from security.roles import roles_sync
+
+        roles_sync(group_model=Role, permission_model=Permission)
+        group = Role.objects.get(name=role)
+    user.groups.add(group)
+    return user
+
+
+def superuser() -> User:
+    return User.objects.create_superuser("root", "root@example.com", PASSWORD)
+
+
+def log_in(page: Page, live: str, username: str) -> None:
+    page.goto(f"{live}/admin/login/?next=/admin/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    expect(page.locator("#user-tools")).to_contain_text(username)
+
+
+def post_lead(live: str, token: str, body: dict) -> dict:
+    assert live.startswith("http://127.0.0.1:")
+    request = urllib.request.Request(  # noqa: S310 - the live server
+        f"{live}/api/v1/leads/",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+        assert response.status in (200, 201)
+        return json.loads(response.read())
+
+
+def test_sales_ops_create_a_group_and_add_reps_in_the_member_inline(page: Page, live: str):
+    RepFactory(name="Alice Martin")
+    RepFactory(name="Bob Durand")
+    user_in("Sales ops", "ops")
+    log_in(page, live, "ops")
+    page.goto(f"{live}/admin/rotation/group/add/")
+    page.locator("#id_name").press_sequentially("Benelux inbound")
+    expect(page.locator("#id_slug")).to_have_value("benelux-inbound")  # prepopulated by the admin's JS
+    page.select_option("#id_strategy", "round_robin")
+    for i, name in enumerate(["Alice", "Bob"]):
+        page.click("#memberships-group .add-row a")
+        page.click(f"#memberships-{i} .select2-selection")
+        page.fill(".select2-container--open .select2-search__field", name)
+        page.click(f".select2-results__option:has-text('{name}')")
+    page.click("input[name=_save]")
+    expect(page.locator(".messagelist")).to_contain_text("was added successfully")
+
+    group = Group.objects.get(slug="benelux-inbound")
+    members = list(Membership.objects.filter(group=group).order_by("position").values_list("rep__name", "position"))
+    assert members == [("Alice Martin", 0), ("Bob Durand", 1)]
+    assert AuditEvent.objects.filter(type="membership.changed", group="benelux-inbound").count() == 2
+
+
+def test_a_lead_posted_over_the_api_shows_up_assigned(page: Page, live: str):
+    group = GroupFactory(slug="emea", name="EMEA")
+    rep = RepFactory(name="Chloe Petit")
+    services.membership_add(group=group, rep=rep, actor="test")
+    _, token = api_client_create(name="web-form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "jane@acme.example", "company": "Acme Browser", "group": "emea"})
+    assert lead["status"] == "assigned"
+
+    superuser()
+    log_in(page, live, "root")
+    page.goto(f"{live}/admin/leads/lead/")
+    row = page.locator("#result_list tbody tr", has_text="Acme Browser")
+    expect(row).to_contain_text("Chloe Petit")
+    expect(row).to_contain_text(re.compile("assigned", re.IGNORECASE))
+    expect(row).to_contain_text("emea")
+
+
+def test_a_manager_assigns_a_queued_lead(page: Page, live: str):
+    group = GroupFactory(slug="apac", name="APAC")
+    rep = RepFactory(name="Dev Patel")
+    services.membership_add(group=group, rep=rep, actor="test", active=False)  # paused: nobody eligible
+    _, token = api_client_create(name="form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "kim@corp.example", "company": "Queued Corp", "group": "apac"})
+    assert lead["status"] == "queued"
+
+    user_in("Managers", "manager")
+    log_in(page, live, "manager")
+    page.goto(f"{live}/admin/leads/queuedlead/")
+    row = page.locator("#result_list tbody tr", has_text="Queued Corp")
+    expect(row).to_contain_text("no eligible rep")
+    row.locator("input.action-select").check()
+    page.select_option("select[name=action]", "assign_to_rep")
+    page.click("button[name=index]")
+    expect(page.locator("#content")).to_contain_text("Assign 1 lead to one rep")
+    page.select_option("select[name=rep]", label="Dev Patel")
+    if page.locator("[name=reason]").count():
+        page.fill("[name=reason]", "covering the queue")
+    page.click("input[type=submit][value=Assign]")
+    expect(page.locator(".messagelist")).to_contain_text("Dev Patel")
+
+    assigned = Lead.objects.get(pk=lead["id"])
+    assert (assigned.status, assigned.owner_id) == ("assigned", rep.id)
+    assert AuditEvent.objects.filter(lead_id=lead["id"], actor="admin:manager").exists()
+    expect(page.locator("#result_list tbody tr", has_text="Queued Corp")).to_have_count(0)
+
+
+def test_the_audit_trail_shows_the_explanation(page: Page, live: str):
+    group = GroupFactory(slug="nordics", name="Nordics")
+    first, second = RepFactory(name="Erik Berg"), RepFactory(name="Frida Lund")
+    services.membership_add(group=group, rep=first, actor="test")
+    services.membership_add(group=group, rep=second, actor="test")
+    _, token = api_client_create(name="form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "ola@firm.example", "group": "nordics"})
+
+    superuser()
+    log_in(page, live, "root")
+    page.goto(f"{live}/admin/audit/auditevent/?q={lead['id']}")
+    received = re.compile(r"lead\.received|lead received", re.IGNORECASE)
+    expect(page.locator("#result_list tbody tr", has_text=received)).to_have_count(1)
+    assigned = re.compile(r"lead\.assigned|lead assigned", re.IGNORECASE)
+    page.locator("#result_list tbody tr", has_text=assigned).locator("a").first.click()
+    explanation = page.locator("pre")
+    expect(explanation).to_contain_text('"pointer_before": 0')
+    expect(explanation).to_contain_text('"pointer_after": 1')
+    expect(explanation).to_contain_text('"strategy": "round_robin"')
+    expect(explanation).to_contain_text("Frida Lund")  # every candidate, with why it was not chosen
+    expect(explanation).to_contain_text('"reason": "chosen"')
+    # Read-only for everyone: no save button, no delete link.
+    expect(page.locator("input[name=_save]")).to_have_count(0)
+    expect(page.locator("a.deletelink")).to_have_count(0)
+
+
+def test_the_dashboard_renders_its_charts(page: Page, live: str):
+    group = GroupFactory(slug="france", name="France", strategy="weighted", sla_minutes=15)
+    reps = [RepFactory(name=n) for n in ("Gabriel Roux", "Hugo Blanc", "Ines Faure")]
+    for rep, weight in zip(reps, (3, 2, 1), strict=True):
+        services.membership_add(group=group, rep=rep, actor="test", weight=weight)
+    GroupFactory(slug="unstaffed", name="Unstaffed")
+    _, token = api_client_create(name="form", scopes=["intake"])
+    for i in range(12):
+        post_lead(live, token, {"email": f"lead{i}@prospect.example", "group": "france"})
+    for i in range(2):
+        post_lead(live, token, {"email": f"q{i}@prospect.example", "group": "unstaffed"})
+
+    superuser()
+    log_in(page, live, "root")
+    page.goto(f"{live}/admin/")
+    page.click("text=Routing dashboard")
+    expect(page.locator("h1")).to_contain_text("Routing dashboard")
+    panel = page.locator("#group-france")
+    expect(panel.locator(".dash-kpis")).to_contain_text("12")
+    bars = panel.locator("svg rect.bar-actual")
+    expect(bars).to_have_count(3)
+    widths = [float(bars.nth(i).get_attribute("width") or 0) for i in range(3)]
+    assert widths[0] > widths[1] > widths[2] > 0  # 6 / 4 / 2 leads for weights 3 / 2 / 1
+    expect(panel).to_contain_text("50.0% / 50.0%")
+    queue = page.locator("#group-unstaffed .queue-chart polyline")
+    expect(queue).to_have_count(1)
+    expect(page.locator("#group-unstaffed .dash-kpis")).to_contain_text("2")
+    os.makedirs(SCREENSHOTS, exist_ok=True)
+    page.screenshot(path=os.path.join(SCREENSHOTS, "dashboard.png"), full_page=True)
