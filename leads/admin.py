@@ -3,7 +3,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from .admin_actions import LeadActionsAdminMixin, QueueActionsAdminMixin
-from .models import ApiClient, Assignment, Lead, LeadStatus, QueuedLead
+from .admin_clients import ApiClientAdmin  # noqa: F401 - registers the API client admin
+from .models import Assignment, Lead, LeadStatus, QueuedLead
 
 
 class AssignmentInline(admin.TabularInline):
@@ -95,15 +96,3 @@ class QueueAdmin(QueueActionsAdminMixin, admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Lead | None = None) -> bool:
         return False
-
-
-@admin.register(ApiClient)
-class ApiClientAdmin(admin.ModelAdmin):
-    list_display = ("name", "token_prefix", "scopes", "active", "created_at", "last_used_at")
-    list_filter = ("active",)
-    search_fields = ("name", "token_prefix")
-    readonly_fields = ("token_prefix", "created_at", "last_used_at")
-    exclude = ("token_hash",)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # tokens are created with `manage.py create_api_token` (shown once)

@@ -1,0 +1,79 @@
+"""API clients in the admin: create a token (shown once), set scopes and rate limits, revoke."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+
+from security.admin_views import shown_once
+
+from .models import ApiClient
+from .tokens import api_client_create, api_client_revoke
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class ApiClientForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(
+        choices=ApiClient.Scope.choices,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="intake: post leads, simulate; read: leads, events, queue; manage: configuration and actions.",
+    )
+
+    class Meta:
+        model = ApiClient
+        fields = ("name", "scopes", "rate_limit_per_minute", "active")
+
+
+@admin.register(ApiClient)
+class ApiClientAdmin(admin.ModelAdmin):
+    """Only the token's SHA-256 is stored; the token itself is shown once, on creation."""
+
+    form = ApiClientForm
+    list_display = ("name", "token_prefix", "scopes", "rate_limit_per_minute", "active", "created_at", "last_used_at")
+    list_filter = ("active",)
+    search_fields = ("name", "token_prefix")
+    readonly_fields = ("token_prefix", "created_at", "last_used_at")
+    actions = ["revoke"]
+
+    def save_model(self, request: HttpRequest, obj: ApiClient, form: Any, change: bool) -> None:
+        if change:
+            obj.save(
+                update_fields=[
+                    f for f in form.changed_data if f in {"name", "scopes", "rate_limit_per_minute", "active"}
+                ]
+                or None
+            )
+            return
+        client, token = api_client_create(name=obj.name, scopes=list(obj.scopes))
+        if obj.rate_limit_per_minute is not None or not obj.active:
+            client.rate_limit_per_minute, client.active = obj.rate_limit_per_minute, obj.active
+            client.save(update_fields=["rate_limit_per_minute", "active"])
+        obj.pk, obj._new_token = client.pk, token  # type: ignore[attr-defined]
+
+    def response_add(self, request: HttpRequest, obj: ApiClient, post_url_continue: str | None = None) -> HttpResponse:
+        return shown_once(
+            request,
+            title=f"API client '{obj.name}' created",
+            what="the token",
+            items=[(obj.name, obj._new_token)],  # type: ignore[attr-defined]
+            stored="its SHA-256",
+            lost="revoke it and create another",
+            back=reverse("admin:leads_apiclient_changelist"),
+            note="Send it as `Authorization: Bearer <token>`.",
+        )
+
+    @admin.action(description="Revoke the selected tokens (for good)", permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiClient]) -> None:
+        actor = _actor(request)
+        clients = list(queryset.filter(active=True))
+        for client in clients:
+            api_client_revoke(client=client, actor=actor)
+        self.message_user(request, f"Revoked {len(clients)} token(s).", messages.SUCCESS)

@@ -1,0 +1,85 @@
+"""Nobody changes or deletes an audit event: PostgreSQL refuses (trigger), the admin offers
+nothing, no role holds the permission."""
+
+import pytest
+from django.contrib.auth.models import Group, Permission, User
+from django.db import DatabaseError, connection, transaction
+
+from audit.models import AuditEvent
+from audit.services import audit_record
+from security.roles import ROLES
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def event(db):
+    return audit_record(type="group.changed", actor="test", group="emea", explanation={"k": "v"})
+
+
+def rejected(fn) -> str:
+    with pytest.raises(DatabaseError) as info, transaction.atomic():
+        fn()
+    return str(info.value)
+
+
+@pytest.mark.postgres
+def test_orm_update_and_delete_are_rejected_by_postgresql(event):
+    event.actor = "someone else"
+    assert "append-only" in rejected(event.save)
+    assert "UPDATE" in rejected(lambda: AuditEvent.objects.filter(pk=event.pk).update(actor="x"))
+    assert "DELETE" in rejected(event.delete)
+    assert "DELETE" in rejected(lambda: AuditEvent.objects.all().delete())
+    event.refresh_from_db()
+    assert event.actor == "test" and AuditEvent.objects.filter(pk=event.pk).exists()
+
+
+@pytest.mark.postgres
+def test_raw_sql_update_and_delete_are_rejected_by_postgresql(event):
+    def raw(sql: str):
+        def run():
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [event.pk])
+
+        return run
+
+    assert "append-only" in rejected(raw("UPDATE audit_auditevent SET actor = 'x' WHERE id = %s"))
+    assert "append-only" in rejected(raw("UPDATE audit_auditevent SET explanation = '{}' WHERE id = %s"))
+    assert "append-only" in rejected(raw("DELETE FROM audit_auditevent WHERE id = %s"))
+    assert AuditEvent.objects.get(pk=event.pk).explanation == {"k": "v"}
+
+
+def test_inserting_still_works(event):
+    audit_record(type="rule.changed", actor="test")
+    assert AuditEvent.objects.count() == 2
+
+
+@pytest.fixture
+def superuser(client, db):
+    user = User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only")
+    client.force_login(user)
+    return user
+
+
+def test_the_admin_offers_no_add_change_or_delete_even_to_a_superuser(client, superuser, event):
+    base = "/admin/audit/auditevent/"
+    assert client.get(base).status_code == 200
+    assert client.get(f"{base}add/").status_code == 403
+    assert client.post(f"{base}add/", {"type": "x", "actor": "y"}).status_code == 403
+    page = client.get(f"{base}{event.pk}/change/")
+    assert page.status_code == 200  # read-only view
+    assert b'name="_save"' not in page.content and b"deletelink" not in page.content
+    assert client.post(f"{base}{event.pk}/change/", {"actor": "forged"}).status_code == 403
+    assert client.get(f"{base}{event.pk}/delete/").status_code == 403
+    assert client.post(f"{base}{event.pk}/delete/", {"post": "yes"}).status_code == 403
+    bulk = client.post(base, {"action": "delete_selected", "_selected_action": [event.pk], "post": "yes"})
+    assert bulk.status_code in (200, 302)
+    assert AuditEvent.objects.filter(pk=event.pk, actor="test").exists()
+
+
+def test_no_role_may_change_or_delete_audit_events():
+    for role in ROLES:
+        perms = set(Group.objects.get(name=role).permissions.values_list("codename", flat=True))
+        assert "view_auditevent" in perms
+        assert not perms & {"add_auditevent", "change_auditevent", "delete_auditevent"}
+    assert Permission.objects.filter(codename="change_auditevent").exists()

@@ -1,0 +1,223 @@
+"""Admin roles with real admin requests: what Sales ops, Managers and Auditors may see and do,
+field by field where it matters; credentials shown once; login throttled."""
+
+from __future__ import annotations
+
+import random
+import re
+import uuid
+from html.parser import HTMLParser
+
+import pytest
+from django.contrib.auth.models import Group as AuthGroup
+from django.contrib.auth.models import User
+from django.test import Client
+
+from hooks.models import IntakeSource
+from leads.models import ApiClient, Lead
+from rotation.models import Account, Group
+from security.roles import AUDITORS, MANAGERS, SALES_OPS
+from tests.conftest import lead_body
+
+pytestmark = pytest.mark.django_db
+
+
+class FormFields(HTMLParser):
+    """The fields the admin's change form would submit, as a browser would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: dict[str, list[str]] = {}
+        self._select: str | None = None
+        self._textarea: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        name = a.get("name")
+        if tag == "input" and name and a.get("type") not in ("submit", "button", "file"):
+            if a.get("type") in ("checkbox", "radio") and "checked" not in a:
+                return
+            self.data.setdefault(name, []).append(a.get("value") or ("on" if a.get("type") == "checkbox" else ""))
+        elif tag == "select" and name:
+            self._select = name
+            self.data.setdefault(name, [])
+        elif tag == "option" and self._select and "selected" in a:
+            self.data[self._select].append(a.get("value") or "")
+        elif tag == "textarea" and name:
+            self._textarea = name
+            self.data[name] = [""]
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "select":
+            self._select = None
+        elif tag == "textarea":
+            self._textarea = None
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea:
+            self.data[self._textarea][-1] += data
+
+
+def form_of(page) -> dict[str, list[str]]:
+    parser = FormFields()
+    parser.feed(page.content.decode())
+    return parser.data
+
+
+def staff(role: str | None) -> Client:
+    user = User.objects.create_user(f"u-{uuid.uuid4().hex[:8]}", password="pw-for-tests-only", is_staff=True)
+    if role:
+        user.groups.add(AuthGroup.objects.get(name=role))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def lead(api, make_group):
+    make_group(2, slug="emea", is_default=True)
+    body = api.post("/api/v1/leads/", lead_body(first_name="Ada", phone="+33 6 12 34 56 78"), format="json").json()
+    return Lead.objects.get(pk=body["id"])
+
+
+def test_the_migration_created_the_three_roles():
+    perms = {
+        g.name: set(g.permissions.values_list("content_type__app_label", "codename"))
+        for g in AuthGroup.objects.filter(name__in=[SALES_OPS, MANAGERS, AUDITORS])
+    }
+    assert set(perms) == {SALES_OPS, MANAGERS, AUDITORS}
+    for model in ("group", "rep", "membership", "absence", "routingrule", "account"):
+        assert {("rotation", f"{a}_{model}") for a in ("add", "change", "delete", "view")} <= perms[SALES_OPS]
+        assert ("rotation", f"change_{model}") not in perms[MANAGERS] | perms[AUDITORS]
+        assert ("rotation", f"view_{model}") in perms[MANAGERS] & perms[AUDITORS]
+    assert ("leads", "change_lead") in perms[MANAGERS] and ("leads", "change_queuedlead") in perms[MANAGERS]
+    assert ("leads", "change_lead") not in perms[SALES_OPS] | perms[AUDITORS]
+    assert all(code.startswith("view_") for _, code in perms[AUDITORS])
+    for role_perms in perms.values():
+        assert not {
+            code
+            for app, code in role_perms
+            if (app, code.split("_", 1)[1])
+            in {("leads", "apiclient"), ("hooks", "intakesource"), ("hooks", "hookdelivery")}
+        }
+
+
+@pytest.mark.parametrize(
+    ("role", "status"),
+    [(SALES_OPS, 302), (MANAGERS, 403), (AUDITORS, 403), (None, 403)],
+)
+def test_only_sales_ops_edit_configuration(role, status, make_group):
+    _, reps = make_group(1, slug="emea")
+    client = staff(role)
+    r = client.post("/admin/rotation/account/add/", {"domain": "acme.example", "name": "Acme", "owner": reps[0].id})
+    assert r.status_code == status
+    assert Account.objects.filter(domain="acme.example").exists() == (status == 302)
+    group = Group.objects.get(slug="emea")
+    page = client.get(f"/admin/rotation/group/{group.pk}/change/")
+    assert page.status_code == (200 if role else 403)
+    if role and role != SALES_OPS:
+        assert b'name="_save"' not in page.content  # read-only for them
+
+
+@pytest.mark.parametrize(
+    ("role", "can_read", "can_change"),
+    [(SALES_OPS, True, False), (MANAGERS, True, True), (AUDITORS, True, False), (None, False, False)],
+)
+def test_leads_queue_and_audit_by_role(role, can_read, can_change, lead):
+    client = staff(role)
+    for url in ("/admin/leads/lead/", "/admin/leads/queuedlead/", "/admin/audit/auditevent/"):
+        assert client.get(url).status_code == (200 if can_read else 403), url
+    page = client.get(f"/admin/leads/lead/{lead.pk}/change/")
+    assert page.status_code == (200 if can_read else 403)
+    if not can_read:
+        return
+    data = form_of(page)
+    assert (b'name="_save"' in page.content) == can_change
+    data.update({"company": ["Changed Inc"], "status": ["closed"], "owner": [""], "queue_reason": ["forged"]})
+    r = client.post(f"/admin/leads/lead/{lead.pk}/change/", data)
+    lead_after = Lead.objects.get(pk=lead.pk)
+    if can_change:
+        assert r.status_code == 302, r.content[:2000]
+        assert lead_after.company == "Changed Inc"
+    else:
+        assert r.status_code == 403
+        assert lead_after.company == lead.company
+    # Field level: the routing fields are read-only for everyone; only intake, actions and
+    # reroute move a lead.
+    assert (lead_after.status, lead_after.owner_id, lead_after.queue_reason) == (
+        lead.status,
+        lead.owner_id,
+        lead.queue_reason,
+    )
+
+
+@pytest.mark.parametrize("role", [SALES_OPS, MANAGERS, AUDITORS])
+def test_credentials_are_for_superusers_only(role):
+    client = staff(role)
+    for url in ("/admin/leads/apiclient/", "/admin/hooks/intakesource/", "/admin/leads/apiclient/add/"):
+        assert client.get(url).status_code == 403
+
+
+@pytest.fixture
+def root() -> Client:
+    user = User.objects.create_superuser(f"root-{uuid.uuid4().hex[:6]}", "root@example.com", "pw-for-tests-only")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_an_api_token_created_in_the_admin_is_shown_once_and_works(root):
+    r = root.post("/admin/leads/apiclient/add/", {"name": "crm", "scopes": ["read"], "active": "on"})
+    assert r.status_code == 200 and "no-store" in r["Cache-Control"]
+    token = re.search(rb"lr_[A-Za-z0-9_\-]{20,}", r.content).group().decode()
+    client = ApiClient.objects.get(name="crm")
+    assert client.token_hash == ApiClient.hash_token(token) and client.scopes == ["read"]
+    change = root.get(f"/admin/leads/apiclient/{client.pk}/change/")
+    assert token.encode() not in change.content and client.token_hash.encode() not in change.content
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert api.get("/api/v1/queue/").status_code == 200
+    r = root.post("/admin/leads/apiclient/", {"action": "revoke", "_selected_action": [client.pk]})
+    assert r.status_code == 302
+    assert api.get("/api/v1/queue/").status_code == 401
+
+
+def test_an_intake_secret_is_shown_once_and_rotation_shows_the_new_one(root):
+    r = root.post(
+        "/admin/hooks/intakesource/add/",
+        {"slug": "site", "name": "Site", "field_map": '{"mail": "email"}', "active": "on", "rate_limit_per_minute": 60},
+    )
+    assert r.status_code == 200, r.content[:1500]
+    secret = re.search(rb"whsec_[A-Za-z0-9_\-]{20,}", r.content).group().decode()
+    source = IntakeSource.objects.get(slug="site")
+    assert source.secret == secret
+    assert secret.encode() not in root.get(f"/admin/hooks/intakesource/{source.pk}/change/").content
+    r = root.post("/admin/hooks/intakesource/", {"action": "rotate_secret", "_selected_action": [source.pk]})
+    new = re.search(rb"whsec_[A-Za-z0-9_\-]{20,}", r.content).group().decode()
+    source.refresh_from_db()
+    assert new != secret and source.secret == new and source.previous_secret == secret
+    bad = root.post(
+        "/admin/hooks/intakesource/add/",
+        {"slug": "bad", "name": "Bad", "field_map": '{"mail": "password"}', "rate_limit_per_minute": 60},
+    )
+    assert bad.status_code == 200 and b"not a lead field" in bad.content
+    assert not IntakeSource.objects.filter(slug="bad").exists()
+
+
+def test_admin_login_is_throttled_against_guessing(settings):
+    settings.LOGIN_FAILURES_PER_USER = 3
+    name = f"ops-{uuid.uuid4().hex[:8]}"
+    User.objects.create_user(name, password="the-right-password", is_staff=True)
+    address = f"10.{random.randint(0, 255)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+
+    def login(password: str, user: str = name, addr: str = address) -> bool:
+        client = Client(REMOTE_ADDR=addr)
+        client.post("/admin/login/?next=/admin/", {"username": user, "password": password})
+        return "_auth_user_id" in client.session
+
+    assert login("the-right-password")
+    for _ in range(3):
+        assert not login("guess")
+    # Locked for this user from this address, even with the right password ...
+    assert not login("the-right-password")
+    # ... while the same user from elsewhere is not.
+    assert login("the-right-password", addr="10.255.255.254")

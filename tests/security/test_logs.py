@@ -1,0 +1,145 @@
+"""No contact data or secrets in logs: every record of full intakes (API and signed hook,
+accepted, duplicate, rejected), captured at DEBUG from every logger, is checked for the lead's
+email, phone, names, the API token, the hook secret and its signatures. The redaction filter
+is the safety net under that and is tested on its own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+from django.test import Client
+
+from hooks import services as hook_services
+from security.redaction import RedactingFilter, redact
+from tests.factories import api_client_with
+
+EMAIL = "Zelda.Quixote@Secretmail.example"
+PHONE = "+33 6 98 76 54 32"
+FIRST, LAST, COMPANY = "Zeldaname", "Quixotesurname", "Hushhush Corp"
+
+
+class Everything(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def captured():
+    """Every logger at DEBUG, every record kept (no filter of ours in the way)."""
+    handler = Everything()
+    root = logging.getLogger()
+    loggers = [root, *[logging.getLogger(n) for n in logging.root.manager.loggerDict]]
+    levels = {lg: lg.level for lg in loggers}
+    for lg in loggers:
+        lg.setLevel(logging.DEBUG)
+    root.addHandler(handler)
+    yield handler.records
+    root.removeHandler(handler)
+    for lg, level in levels.items():
+        lg.setLevel(level)
+
+
+def text_of(record: logging.LogRecord) -> str:
+    parts = [record.getMessage(), str(record.args or "")]
+    if record.exc_info:
+        parts.append(logging.Formatter().formatException(record.exc_info))
+    parts.extend(str(v) for k, v in record.__dict__.items() if k not in ("msg", "args", "exc_info"))
+    return "\n".join(parts)
+
+
+@pytest.mark.django_db
+def test_a_full_intake_logs_no_contact_data_or_secret(captured, make_group, django_capture_on_commit_callbacks):
+    _, reps = make_group(2, slug="emea", is_default=True, sla_minutes="30")
+    _, token = api_client_with(["intake", "read", "manage"])
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    body = {"email": EMAIL, "first_name": FIRST, "last_name": LAST, "company": COMPANY, "phone": PHONE}
+    with django_capture_on_commit_callbacks(execute=True):
+        first = api.post("/api/v1/leads/", body, content_type="application/json", headers={"Idempotency-Key": "k-1"})
+        assert first.status_code == 201
+        lead_id = first.json()["id"]
+        assert (
+            api.post(
+                "/api/v1/leads/", body, content_type="application/json", headers={"Idempotency-Key": "k-1"}
+            ).status_code
+            == 200
+        )
+        assert api.post("/api/v1/leads/", {**body, "country": "??"}, content_type="application/json").status_code == 400
+        assert api.post(
+            "/api/v1/leads/", {**body, "email": f"{EMAIL}x"}, content_type="application/json"
+        ).status_code in (200, 201)
+        assert api.get(f"/api/v1/leads/{lead_id}/").status_code == 200
+        assert api.get(f"/api/v1/leads/{lead_id}/events/").status_code == 200
+        assert Client(HTTP_AUTHORIZATION=f"Bearer {token}x").get("/api/v1/queue/").status_code == 401
+
+        source, secret = hook_services.source_create(slug="site", name="Site", actor="test")
+        raw = json.dumps({"email": "hook." + EMAIL, "first_name": FIRST, "phone": PHONE}).encode()
+        header = hook_services.sign(secret=secret, body=raw, timestamp=int(time.time()))
+        hook = Client()
+        url = "/api/v1/hooks/site/"
+        assert hook.post(url, raw, content_type="application/json", headers={"X-Signature": header}).status_code == 201
+        assert hook.post(url, raw, content_type="application/json", headers={"X-Signature": header}).status_code == 401
+        forged = header[:-4] + "0000"
+        assert hook.post(url, raw, content_type="application/json", headers={"X-Signature": forged}).status_code == 401
+
+    assert len(captured) >= 5, "the capture saw nothing: the test would prove nothing"
+    forbidden = [
+        EMAIL,
+        EMAIL.lower(),
+        "hook." + EMAIL.lower(),
+        PHONE,
+        "698765432",
+        FIRST,
+        LAST,
+        COMPANY,
+        token,
+        token[3:],
+        secret,
+        header.split("v1=")[1],
+        forged.split("v1=")[1],
+    ]
+    forbidden += [rep.email for rep in reps]  # the reps' contact data too
+    for record in captured:
+        text = text_of(record)
+        for value in forbidden:
+            assert value.lower() not in text.lower(), f"{record.name}: {record.getMessage()[:200]}"
+
+
+def test_the_filter_redacts_what_slips_through():
+    record = logging.LogRecord(
+        "x",
+        logging.INFO,
+        __file__,
+        1,
+        "lead %s phone %s token %s sig %s",
+        (EMAIL, PHONE, "lr_abcdefghijklmnopqrstuvwxyz", "t=1700000000,v1=" + "ab" * 32),
+        None,
+    )
+    record.contact = f"{EMAIL}"
+    assert RedactingFilter().filter(record)
+    text = record.getMessage() + record.contact
+    for value in (EMAIL, PHONE, "lr_abc", "abab"):
+        assert value not in text
+    assert "lead [redacted] phone [redacted]" in text
+
+
+def test_the_filter_keeps_what_operators_need():
+    line = "POST /api/v1/leads/ 201 12.5ms lead=123456 group=emea at 2026-11-29T20:00:00+00:00"
+    assert redact(line) == line
+    for phone in ("(555) 123-4567", "555-123-4567", "06 12 34 56 78", "+1 555 123 4567"):
+        assert redact(f"call {phone} now") == "call [redacted] now"
+
+
+def test_tracebacks_are_redacted_too():
+    try:
+        raise ValueError(f"duplicate key (email)=({EMAIL})")
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, __import__("sys").exc_info())
+    RedactingFilter().filter(record)
+    assert EMAIL not in logging.Formatter().format(record)
