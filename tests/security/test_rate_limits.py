@@ -121,3 +121,16 @@ def test_page_size_is_at_most_500(api):
     for bad in ("501", "100000", "0", "-1", "ten", "1.5"):
         r = api.get(f"/api/v1/queue/?page_size={bad}")
         assert r.status_code == 400 and "page_size" in r.json(), bad
+
+
+@pytest.mark.django_db
+def test_create_api_token_sets_a_rate_limit():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("create_api_token", "bench-like", "--scopes", "intake", "--rate-limit", "100000", stdout=out)
+    client = ApiClient.objects.get(name="bench-like")
+    assert client.rate_limit_per_minute == 100000
+    assert client.token_hash == ApiClient.hash_token(out.getvalue().strip())

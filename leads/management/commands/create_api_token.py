@@ -10,12 +10,24 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
         parser.add_argument("--scopes", default="intake,read", help="Comma-separated: intake,read,manage")
+        parser.add_argument(
+            "--rate-limit",
+            type=int,
+            default=None,
+            help="Requests a minute for this client (default: the API_RATE_LIMIT_PER_MINUTE setting).",
+        )
 
-    def handle(self, *args: object, name: str, scopes: str, **options: object) -> None:
+    def handle(self, *args: object, name: str, scopes: str, rate_limit: int | None, **options: object) -> None:
+        if rate_limit is not None and rate_limit < 1:
+            raise CommandError("--rate-limit is a number of requests a minute, at least 1.")
         if ApiClient.objects.filter(name=name).exists():
             raise CommandError(f"An API client named '{name}' exists already.")
         try:
-            _client, token = api_client_create(name=name, scopes=[s.strip() for s in scopes.split(",") if s.strip()])
+            _client, token = api_client_create(
+                name=name,
+                scopes=[s.strip() for s in scopes.split(",") if s.strip()],
+                rate_limit_per_minute=rate_limit,
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(token)
