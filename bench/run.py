@@ -236,6 +236,25 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def web_cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
+    """CPU time (user + system) of gunicorn's master and workers so far, from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [proc.pid]
+    try:
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            pids += [int(p) for p in (task / "children").read_text().split()]
+    except OSError:
+        return float("nan")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a worker that just exited
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def scrape(port: int) -> dict[str, float]:
     """Sums of the server's routing and lock-wait histograms (to report means per run)."""
     conn = http.client.HTTPConnection(HOST, port, timeout=10)
@@ -567,7 +586,7 @@ def report(rows: list[tuple[HttpRun, SqlRun | None]], sql_runs: list[SqlRun]) ->
     lines = []
     head = (
         f"{'scenario':<24}{'HTTP leads/s':>13}{'raw SQL/s':>11}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}"
-        f"{'max ms':>8}{'errors':>8}{'lock ms':>9}{'exact':>7}"
+        f"{'max ms':>8}{'errors':>8}{'lock ms':>9}{'cpu ms':>8}{'exact':>7}"
     )
     lines.append(head)
     lines.append("-" * len(head))
@@ -580,11 +599,12 @@ def report(rows: list[tuple[HttpRun, SqlRun | None]], sql_runs: list[SqlRun]) ->
         lines.append(
             f"{run.name:<24}{fmt(run.rate):>13}{fmt(sql.tps) if sql else '-':>11}{fmt(ratio, 2):>7}"
             f"{fmt(run.pct(0.50)):>8}{fmt(run.pct(0.99)):>8}{fmt(max(run.latencies_ms, default=float('nan'))):>8}"
-            f"{errors:>8}{fmt(lock, 2):>9}{('yes' if run.exact else 'NO'):>7}"
+            f"{errors:>8}{fmt(lock, 2):>9}{fmt(run.server.get('web_cpu_ms', float('nan'))):>8}"
+            f"{('yes' if run.exact else 'NO'):>7}"
         )
     for sql in sql_runs:
         lines.append(
-            f"{sql.name:<24}{'':>13}{fmt(sql.tps):>11}{'':>7}{'':>8}{'':>8}{'':>8}{sql.failed:>8}{'':>9}"
+            f"{sql.name:<24}{'':>13}{fmt(sql.tps):>11}{'':>7}{'':>8}{'':>8}{'':>8}{sql.failed:>8}{'':>9}{'':>8}"
             f"{('yes' if sql.exact else 'NO'):>7}   (pgbench avg latency {fmt(sql.latency_ms, 2)} ms)"
         )
     return lines
@@ -658,9 +678,9 @@ def main(argv: list[str] | None = None) -> int:
         closed_loop("warm-up", "bench-warmup", port=args.port, token=s.token, clients=8, seconds=2.0, groups=s.spread)
 
         def http_run(name: str, tag: str, groups: list[str], clients: int) -> HttpRun:
-            before_turns, before = rotation_turns(groups), scrape(args.port)
+            before_turns, before, cpu = rotation_turns(groups), scrape(args.port), web_cpu_seconds(server)
             run = closed_loop(name, tag, port=args.port, token=s.token, clients=clients, seconds=seconds, groups=groups)
-            server_means(run, before, scrape(args.port))
+            server_means(run, before, scrape(args.port), web_cpu_seconds(server) - cpu)
             check_http(run, before_turns)
             return run
 
@@ -680,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         check_sql(sql_spread, list(range(s.sql_spread_ids[0], s.sql_spread_ids[1] + 1)))
         spread = http_run("http spread (16 clients)", "bench-spread", s.spread, 16)
-        before_turns, before = rotation_turns([s.paced]), scrape(args.port)
+        before_turns, before, cpu = rotation_turns([s.paced]), scrape(args.port), web_cpu_seconds(server)
         pace = paced(
             "paced 50/s (1 group)",
             "bench-paced",
@@ -690,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds=paced_seconds,
             group=s.paced,
         )
-        server_means(pace, before, scrape(args.port))
+        server_means(pace, before, scrape(args.port), web_cpu_seconds(server) - cpu)
         check_http(pace, before_turns)
         over = http_run("overload (32 clients)", "bench-overload", [s.overload], 32)
     finally:
@@ -708,7 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("")
     lines.append(
         f"gunicorn: {env.get('WEB_WORKERS', 'default')} workers x {env.get('WEB_THREADS', 'default')} threads "
-        f"(gunicorn.conf.py); lock ms = mean time to take the rotation row lock, from /metrics"
+        f"(gunicorn.conf.py); lock ms = mean time to take the rotation row lock, from /metrics; "
+        "cpu ms = CPU time of the web processes per request"
     )
     lines.append(f"load after: {uptime()}")
     print()
@@ -740,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if exact else 1
 
 
-def server_means(run: HttpRun, before: dict[str, float], after: dict[str, float]) -> None:
+def server_means(run: HttpRun, before: dict[str, float], after: dict[str, float], cpu_seconds: float) -> None:
     def mean(prefix: str) -> float:
         n = after.get(f"{prefix}_count", 0) - before.get(f"{prefix}_count", 0)
         return (after.get(f"{prefix}_sum", 0) - before.get(f"{prefix}_sum", 0)) / n * 1000 if n else float("nan")
@@ -748,6 +769,8 @@ def server_means(run: HttpRun, before: dict[str, float], after: dict[str, float]
     run.server = {
         "lock_ms": mean("leadrouter_rotation_lock_wait_seconds"),
         "routing_ms": mean("leadrouter_routing_duration_seconds"),
+        # CPU of the web processes per request (the scrapes included, a rounding error).
+        "web_cpu_ms": cpu_seconds / sum(run.statuses.values()) * 1000 if run.statuses else float("nan"),
     }
 
 
