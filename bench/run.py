@@ -265,6 +265,8 @@ def scrape(port: int) -> dict[str, float]:
     wanted = (
         "leadrouter_rotation_lock_wait_seconds_sum",
         "leadrouter_rotation_lock_wait_seconds_count",
+        "leadrouter_rotation_lock_held_seconds_sum",
+        "leadrouter_rotation_lock_held_seconds_count",
         "leadrouter_routing_duration_seconds_sum",
         "leadrouter_routing_duration_seconds_count",
     )
@@ -586,7 +588,7 @@ def report(rows: list[tuple[HttpRun, SqlRun | None]], sql_runs: list[SqlRun]) ->
     lines = []
     head = (
         f"{'scenario':<24}{'HTTP leads/s':>13}{'raw SQL/s':>11}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}"
-        f"{'max ms':>8}{'errors':>8}{'lock ms':>9}{'cpu ms':>8}{'exact':>7}"
+        f"{'max ms':>8}{'errors':>8}{'lock ms':>9}{'held ms':>8}{'cpu ms':>8}{'exact':>7}"
     )
     lines.append(head)
     lines.append("-" * len(head))
@@ -599,12 +601,13 @@ def report(rows: list[tuple[HttpRun, SqlRun | None]], sql_runs: list[SqlRun]) ->
         lines.append(
             f"{run.name:<24}{fmt(run.rate):>13}{fmt(sql.tps) if sql else '-':>11}{fmt(ratio, 2):>7}"
             f"{fmt(run.pct(0.50)):>8}{fmt(run.pct(0.99)):>8}{fmt(max(run.latencies_ms, default=float('nan'))):>8}"
-            f"{errors:>8}{fmt(lock, 2):>9}{fmt(run.server.get('web_cpu_ms', float('nan'))):>8}"
+            f"{errors:>8}{fmt(lock, 2):>9}{fmt(run.server.get('held_ms', float('nan')), 2):>8}"
+            f"{fmt(run.server.get('web_cpu_ms', float('nan'))):>8}"
             f"{('yes' if run.exact else 'NO'):>7}"
         )
     for sql in sql_runs:
         lines.append(
-            f"{sql.name:<24}{'':>13}{fmt(sql.tps):>11}{'':>7}{'':>8}{'':>8}{'':>8}{sql.failed:>8}{'':>9}{'':>8}"
+            f"{sql.name:<24}{'':>13}{fmt(sql.tps):>11}{'':>7}{'':>8}{'':>8}{'':>8}{sql.failed:>8}{'':>9}{'':>8}{'':>8}"
             f"{('yes' if sql.exact else 'NO'):>7}   (pgbench avg latency {fmt(sql.latency_ms, 2)} ms)"
         )
     return lines
@@ -728,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("")
     lines.append(
         f"gunicorn: {env.get('WEB_WORKERS', 'default')} workers x {env.get('WEB_THREADS', 'default')} threads "
-        f"(gunicorn.conf.py); lock ms = mean time to take the rotation row lock, from /metrics; "
+        f"(gunicorn.conf.py); lock ms / held ms = mean time to take / hold the rotation row lock, from /metrics; "
         "cpu ms = CPU time of the web processes per request"
     )
     lines.append(f"load after: {uptime()}")
@@ -768,6 +771,7 @@ def server_means(run: HttpRun, before: dict[str, float], after: dict[str, float]
 
     run.server = {
         "lock_ms": mean("leadrouter_rotation_lock_wait_seconds"),
+        "held_ms": mean("leadrouter_rotation_lock_held_seconds"),
         "routing_ms": mean("leadrouter_routing_duration_seconds"),
         # CPU of the web processes per request (the scrapes included, a rounding error).
         "web_cpu_ms": cpu_seconds / sum(run.statuses.values()) * 1000 if run.statuses else float("nan"),

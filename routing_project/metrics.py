@@ -60,6 +60,11 @@ LOCK_WAIT_SECONDS = Histogram(
     "Time to acquire a group's rotation row lock (SELECT ... FOR NO KEY UPDATE).",
     buckets=_LOCK_BUCKETS,
 )
+LOCK_HELD_SECONDS = Histogram(
+    "leadrouter_rotation_lock_held_seconds",
+    "Time a routing transaction holds a group's rotation row lock, from acquiring it to COMMIT.",
+    buckets=_LOCK_BUCKETS,
+)
 ESCALATIONS = Counter(
     "leadrouter_escalations", "Escalations of unaccepted leads, by group and outcome.", ["group", "outcome"]
 )
@@ -98,6 +103,10 @@ def routing_busy(*, group: str | None) -> None:
 
 def rotation_lock_waited(seconds: float) -> None:
     LOCK_WAIT_SECONDS.observe(seconds)
+
+
+def rotation_lock_held(seconds: float) -> None:
+    LOCK_HELD_SECONDS.observe(seconds)
 
 
 def escalation_recorded(*, group: str | None, outcome: str) -> None:

@@ -113,3 +113,14 @@ def test_multiprocess_mode_sums_the_samples_of_every_process(tmp_path):
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
     assert value(samples, "leadrouter_leads_received_total", group="hot") == 2
     assert value(samples, "leadrouter_rotation_lock_wait_seconds_count") == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_held_is_observed_at_commit(make_group, post_lead):
+    """The time the rotation row stays locked (acquire to COMMIT): a hot group's capacity."""
+    group, _ = make_group(2)
+    name = "leadrouter_rotation_lock_held_seconds_count"
+    before = value(scrape(), name)
+    assert post_lead(group=group.slug).status_code == 201
+    assert post_lead(group=group.slug).status_code == 201
+    assert value(scrape(), name) - before == 2
