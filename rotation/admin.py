@@ -154,3 +154,9 @@ class AccountAdmin(admin.ModelAdmin):
     search_fields = ("domain", "name")
     list_select_related = ("owner",)
     autocomplete_fields = ("owner",)
+
+    def save_model(self, request: HttpRequest, obj: Account, form: Any, change: bool) -> None:
+        services.account_save(account=obj, actor=admin_actor(request), changed=form.changed_data)
+
+    def delete_model(self, request: HttpRequest, obj: Account) -> None:
+        services.account_delete(account=obj, actor=admin_actor(request))

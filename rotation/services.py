@@ -17,7 +17,7 @@ from audit.models import AuditEvent
 from audit.services import audit_record
 
 from .hooks import capacity_freed
-from .models import Absence, Group, Membership, Rep, RotationState, RoutingRule
+from .models import Absence, Account, Group, Membership, Rep, RotationState, RoutingRule
 
 
 def _values(obj: Model, fields: Iterable[str]) -> dict[str, Any]:
@@ -218,4 +218,39 @@ def rule_delete(*, rule: RoutingRule, actor: str) -> None:
     rule.delete()
     audit_record(
         type=AuditEvent.Type.RULE_CHANGED, actor=actor, group=group, explanation={"action": "deleted", "rule": name}
+    )
+
+
+# --- accounts (sticky routing) ---------------------------------------------------------------
+
+
+@transaction.atomic
+def account_save(*, account: Account, actor: str, changed: Iterable[str] | None = None) -> Account:
+    created = account.pk is None
+    account.domain = account.domain.strip().lower()
+    account.full_clean()
+    account.save()
+    fields = ["domain", "name", "owner_id"] if created else [f for f in (changed or []) if f != "id"]
+    audit_record(
+        type=AuditEvent.Type.ACCOUNT_CHANGED,
+        actor=actor,
+        rep_id=account.owner_id,
+        explanation={
+            "action": "created" if created else "changed",
+            "account": account.domain,
+            "changes": _values(account, ["owner_id" if f == "owner" else f for f in fields]),
+        },
+    )
+    return account
+
+
+@transaction.atomic
+def account_delete(*, account: Account, actor: str) -> None:
+    domain, owner_id = account.domain, account.owner_id
+    account.delete()
+    audit_record(
+        type=AuditEvent.Type.ACCOUNT_CHANGED,
+        actor=actor,
+        rep_id=owner_id,
+        explanation={"action": "deleted", "account": domain},
     )

@@ -98,3 +98,20 @@ def test_owner_match_counts_toward_caps_and_least_loaded(api, make_group):
     assert [post(api, f"x{i}@acme.example")["owner"]["id"] for i in range(2)] == [a.id, a.id]
     # a has 2 open, b none: the rotation levels them.
     assert [post(api, f"y{i}@other.example")["owner"]["id"] for i in range(2)] == [b.id, b.id]
+
+
+def test_accounts_edited_in_the_admin_are_audited(client, django_user_model, make_group):
+    group, (a, b) = make_group(2, slug="pool")
+    client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw"))
+    r = client.post("/admin/rotation/account/add/", {"domain": " Acme.Example ", "name": "Acme", "owner": str(a.pk)})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    account = Account.objects.get()
+    assert account.domain == "acme.example"
+    r = client.post(
+        f"/admin/rotation/account/{account.pk}/change/", {"domain": "acme.example", "name": "Acme", "owner": str(b.pk)}
+    )
+    assert r.status_code == 302
+    client.post(f"/admin/rotation/account/{account.pk}/delete/", {"post": "yes"})
+    events = list(AuditEvent.objects.filter(type="account.changed").order_by("id"))
+    assert [e.explanation["action"] for e in events] == ["created", "changed", "deleted"]
+    assert events[1].explanation["changes"] == {"owner_id": b.id} and events[1].actor == "admin:ops"
