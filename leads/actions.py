@@ -30,7 +30,7 @@ from audit.services import Event, audit_record_many
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Group, Membership, Rep, RotationState
 
-from . import routing, scheduling
+from . import notify, routing, scheduling
 from .models import OPEN_STATUSES, Assignment, Lead, LeadStatus
 
 logger = logging.getLogger(__name__)
@@ -151,6 +151,9 @@ def _assign(
     lead.status, lead.owner_id = LeadStatus.ASSIGNED, rep_id
     lead.assigned_at, lead.accepted_at, lead.sla_due_at, lead.queue_reason = now, None, due, ""
     scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=due)
+    # Webhook and e-mail to the new owner: an outbox row in this transaction, sent after commit.
+    event = "lead.escalated" if reason == Assignment.Reason.ESCALATION else "lead.assigned"
+    notify.lead_notify(lead=lead, event=event, reason=reason, attempt=assignment.attempt, at=now, group=group)
     return assignment
 
 

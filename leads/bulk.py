@@ -24,6 +24,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import queue
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -183,28 +185,77 @@ def leads_import(
     groups = {g.slug: g for g in Group.objects.all()}
     rules = active_rules()
     validator = _RowValidator(groups)
-    batch: list[_Row] = []
-    line = reader.line_num
-    for cells in reader:
-        start, line = line + 1, reader.line_num  # a quoted cell may span lines: report the first
-        if not any(c.strip() for c in cells):
-            continue
-        report.rows += 1
-        row = _validate(start, columns, cells, validator, groups, rules, report)
-        if row is not None:
-            batch.append(row)
-        if len(batch) >= batch_size:
+
+    def validated_batches() -> Iterator[tuple[list[_Row], int]]:
+        """(valid rows, rows read) per batch: parsing and validation, no database."""
+        batch: list[_Row] = []
+        read = 0
+        line = reader.line_num
+        for cells in reader:
+            start, line = line + 1, reader.line_num  # a quoted cell may span lines: report the first
+            if not any(c.strip() for c in cells):
+                continue
+            report.rows += 1
+            read += 1
+            row = _validate(start, columns, cells, validator, groups, rules, report)
+            if row is not None:
+                batch.append(row)
+            if len(batch) >= batch_size:
+                yield batch, read
+                batch, read = [], 0
+        if batch or read:
+            yield batch, read
+
+    # Parsing and validating the next batch (Python) overlaps routing and writing this one
+    # (mostly PostgreSQL): a reader thread, at most two batches ahead, so memory stays flat.
+    for batch, read in _read_ahead(validated_batches(), depth=2):
+        if batch:
             _route_batch(batch, actor=actor, report=report, notify_reps=notify_reps)
-            if progress:
-                progress(len(batch))
-            batch = []
-        elif row is None and progress:
-            progress(1)
-    if batch:
-        _route_batch(batch, actor=actor, report=report, notify_reps=notify_reps)
         if progress:
-            progress(len(batch))
+            progress(read)
     return report
+
+
+_DONE = object()
+
+
+def _read_ahead(items: Iterator[Any], *, depth: int) -> Iterator[Any]:
+    """Runs an iterator in a thread, `depth` items ahead of the consumer. An exception in the
+    thread is raised in the consumer; a consumer that stops early stops the thread."""
+    buffer: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put(exc)
+
+    thread = threading.Thread(target=produce, name="import-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def _check_header(header: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from notifications.services import outbox_add
+from rotation.models import Group
 
 from .models import Lead
 
@@ -52,13 +53,16 @@ def lead_payload_values(values: Mapping[str, Any], group: str | None, **extra: A
     return {"lead": doc, **extra}
 
 
-def lead_notify(*, lead: Lead, event: str, reason: str, attempt: int, at: datetime | None = None) -> None:
-    """Announces that `lead` now belongs to `lead.owner` (event "lead.assigned" or "lead.escalated")."""
-    outbox_add(
-        event=event,
-        lead_id=lead.id,
-        group_id=lead.group_id,
-        rep_id=lead.owner_id,
-        payload=lead_payload(lead, reason=reason, attempt=attempt),
-        at=at,
-    )
+def lead_notify(
+    *, lead: Lead, event: str, reason: str, attempt: int, at: datetime | None = None, group: Group | None = None
+) -> None:
+    """Announces that `lead` now belongs to `lead.owner` (event "lead.assigned" or
+    "lead.escalated"), to the webhooks of `group` (default: the lead's group)."""
+    if group is None:
+        payload = lead_payload(lead, reason=reason, attempt=attempt)
+        group_id = lead.group_id
+    else:
+        values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes")}
+        payload = lead_payload_values(values, group.slug, reason=reason, attempt=attempt)
+        group_id = group.id
+    outbox_add(event=event, lead_id=lead.id, group_id=group_id, rep_id=lead.owner_id, payload=payload, at=at)

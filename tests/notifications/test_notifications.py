@@ -202,3 +202,23 @@ def test_delivery_log_in_the_admin(admin_client, post_lead, make_group, receiver
     assert "HTTP 500" in html and receiver.url in html and "pending" in html
     detail = admin_client.get(f"/admin/notifications/delivery/{Delivery.objects.first().id}/change/")
     assert detail.status_code == 200
+
+
+def test_escalation_and_manual_assignment_announce_the_new_owner(post_lead, make_group):
+    from leads import actions
+    from leads.models import Assignment
+
+    group, reps = make_group(2, slug="emea", sla_minutes=5)
+    lead_id = post_lead(group="emea").json()["id"]
+    first = Assignment.objects.get(lead_id=lead_id)
+    Assignment.objects.filter(pk=first.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    with transaction.atomic():
+        actions.lead_escalate(assignment_id=first.pk)
+    escalated = OutboxMessage.objects.get(event="lead.escalated")
+    assert (escalated.lead_id, escalated.rep_id, escalated.group_id) == (lead_id, reps[1].id, group.id)
+    assert escalated.payload["reason"] == "escalation" and escalated.payload["attempt"] == 2
+    assert escalated.payload["lead"]["group"] == "emea"
+
+    actions.lead_reassign(lead_id=lead_id, rep_id=reps[0].id, reason="covering", actor="test")
+    manual = OutboxMessage.objects.filter(event="lead.assigned").order_by("id").last()
+    assert (manual.rep_id, manual.payload["reason"]) == (reps[0].id, "manual")
