@@ -201,3 +201,24 @@ def test_the_command_reports_and_counts(make_group, tmp_path: Path, capsys):
     path.write_text("colour\nred\n")
     with pytest.raises(CommandError, match="unknown columns"):
         call_command("import_leads", str(path), "--no-progress")
+
+
+def test_a_read_error_stops_the_import_after_the_batches_before_it(make_group):
+    make_group(1, slug="emea")
+
+    def lines():
+        yield HEADER
+        for row in good_rows(5):
+            yield row + "\n"
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    with pytest.raises(UnicodeDecodeError):
+        run(lines(), batch_size=2)
+    assert Lead.objects.count() == 4  # two whole batches, committed; a re-run skips them
+
+
+def test_progress_counts_every_row(make_group):
+    make_group(1, slug="emea")
+    seen = []
+    report = run(csv_of(*good_rows(7), "bad,nope,,,,,emea,"), batch_size=3, progress=seen.append)
+    assert sum(seen) == report.rows == 8

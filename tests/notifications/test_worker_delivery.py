@@ -1,0 +1,41 @@
+"""End to end through Redis and a real Celery worker process: the outbox row commits with
+the assignment, the worker fans it out and delivers, retrying a failed webhook with backoff."""
+
+import json
+
+import pytest
+
+from notifications.models import Delivery, OutboxMessage, WebhookEndpoint
+from tests.celery_worker import celery_worker_factory, wait_for  # noqa: F401 - the fixture
+from tests.conftest import lead_body
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("celery"),
+]
+
+
+def test_the_worker_delivers_after_commit_and_retries_with_backoff(api, make_group, receiver, celery_worker_factory):  # noqa: F811
+    worker = celery_worker_factory(beat=False, env={"NOTIFY_BACKOFF_BASE_S": "1"})
+    worker.start()
+    group, reps = make_group(1, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.statuses = [503, 200]
+
+    response = api.post("/api/v1/leads/", lead_body(group="emea", company="Acme"), format="json")
+    assert response.status_code == 201
+    lead_id = response.json()["id"]
+
+    def both_sent() -> bool:
+        return Delivery.objects.filter(message__lead_id=lead_id, status="sent").count() == 2
+
+    assert wait_for(both_sent, timeout=30), worker.log()
+    webhook = Delivery.objects.get(message__lead_id=lead_id, channel="webhook")
+    assert (webhook.attempts, webhook.last_status_code, webhook.last_error) == (2, 200, "")
+    assert (webhook.sent_at - webhook.created_at).total_seconds() >= 1  # the backoff was waited
+    email = Delivery.objects.get(message__lead_id=lead_id, channel="email")
+    assert (email.target, email.attempts) == (reps[0].email, 1)
+    assert OutboxMessage.objects.get(lead_id=lead_id).dispatched_at is not None
+    assert len(receiver.requests) == 2
+    assert json.loads(receiver.requests[-1]["body"])["lead"]["id"] == lead_id
