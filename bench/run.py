@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ HOST = "127.0.0.1"
 REPS_PER_GROUP = 5
 SPREAD_GROUPS = 100
 MAX_REQUESTS_PER_CLIENT = 100_000
+OPTIONS = {"idempotency_keys": False}
 TARGETS = {
     "hot_ratio": 0.5,
     "spread_ratio": 0.5,
@@ -289,9 +291,13 @@ class Client:
         self.conn = http.client.HTTPConnection(HOST, port, timeout=30)
 
     def post(self, body: bytes) -> tuple[int, bytes]:
+        headers = self.headers
+        if OPTIONS["idempotency_keys"]:
+            # One key per lead, kept across the reconnect below: a retry is replayed, never doubled.
+            headers = {**headers, "Idempotency-Key": uuid.uuid4().hex}
         for attempt in (1, 2):
             try:
-                self.conn.request("POST", "/api/v1/leads/", body=body, headers=self.headers)
+                self.conn.request("POST", "/api/v1/leads/", body=body, headers=headers)
                 response = self.conn.getresponse()
                 return response.status, response.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
@@ -654,7 +660,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, help="gunicorn workers (default: gunicorn.conf.py's)")
     parser.add_argument("--threads", type=int, help="gunicorn threads per worker (default: gunicorn.conf.py's)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument(
+        "--idempotency-keys", action="store_true", help="send an Idempotency-Key with every lead (as web forms do)"
+    )
     args = parser.parse_args(argv)
+    OPTIONS["idempotency_keys"] = args.idempotency_keys
     seconds = args.seconds or (4.0 if args.quick else 15.0)
     paced_seconds = args.paced_seconds or (6.0 if args.quick else 20.0)
 
@@ -731,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("")
     lines.append(
         f"gunicorn: {env.get('WEB_WORKERS', 'default')} workers x {env.get('WEB_THREADS', 'default')} threads "
-        f"(gunicorn.conf.py); lock ms / held ms = mean time to take / hold the rotation row lock, from /metrics; "
+        f"(gunicorn.conf.py); Idempotency-Key: {'yes' if args.idempotency_keys else 'no'}; "
+        "lock ms / held ms = mean time to take / hold the rotation row lock, from /metrics; "
         "cpu ms = CPU time of the web processes per request"
     )
     lines.append(f"load after: {uptime()}")
