@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import multiprocessing
 import queue
 import threading
 import uuid
@@ -173,8 +174,11 @@ def leads_import(
     batch_size: int = BATCH_SIZE,
     notify_reps: bool = True,
     progress: Callable[[int], None] | None = None,
+    parallel: bool = False,
 ) -> ImportReport:
-    """Imports and routes the leads of a CSV stream (an open text file, newline="")."""
+    """Imports and routes the leads of a CSV stream (an open text file, newline="").
+
+    `parallel`: validate in a forked process (the command line); else in a thread."""
     report = ImportReport(import_id=f"import-{uuid.uuid4().hex[:12]}")
     reader = csv.reader(lines)
     try:
@@ -186,36 +190,89 @@ def leads_import(
     rules = active_rules()
     validator = _RowValidator(groups)
 
-    def validated_batches() -> Iterator[tuple[list[_Row], int]]:
-        """(valid rows, rows read) per batch: parsing and validation, no database."""
-        batch: list[_Row] = []
-        read = 0
+    def validated_batches() -> Iterator[_Parsed]:
+        """Parsing and validation, batch by batch; no database, no shared state."""
+        parsed = _Parsed([], 0, 0, [])
+        local = ImportReport(import_id=report.import_id)  # collects this batch's bad rows
         line = reader.line_num
         for cells in reader:
             start, line = line + 1, reader.line_num  # a quoted cell may span lines: report the first
             if not any(c.strip() for c in cells):
                 continue
-            report.rows += 1
-            read += 1
-            row = _validate(start, columns, cells, validator, groups, rules, report)
+            parsed.read += 1
+            row = _validate(start, columns, cells, validator, groups, rules, local)
             if row is not None:
-                batch.append(row)
-            if len(batch) >= batch_size:
-                yield batch, read
-                batch, read = [], 0
-        if batch or read:
-            yield batch, read
+                parsed.rows.append(row)
+            if len(parsed.rows) >= batch_size:
+                parsed.invalid, parsed.errors = local.invalid, local.errors
+                yield parsed
+                parsed, local = _Parsed([], 0, 0, []), ImportReport(import_id=report.import_id)
+        if parsed.rows or parsed.read:
+            parsed.invalid, parsed.errors = local.invalid, local.errors
+            yield parsed
 
-    # Parsing and validating the next batch (Python) overlaps routing and writing this one
-    # (mostly PostgreSQL): a reader thread, at most two batches ahead, so memory stays flat.
-    for batch, read in _read_ahead(validated_batches(), depth=2):
-        if batch:
-            _route_batch(batch, actor=actor, report=report, notify_reps=notify_reps)
+    # Parsing and validating the next batches (Python) overlaps routing and writing this one
+    # (mostly PostgreSQL), at most two batches ahead so memory stays flat: in a forked process
+    # (`parallel`, the command line: a second core) or else in a thread.
+    ahead = _read_ahead_process if parallel else _read_ahead
+    for parsed in ahead(validated_batches(), depth=2):
+        report.rows += parsed.read
+        report.invalid += parsed.invalid
+        report.errors.extend(parsed.errors[: max(MAX_ERRORS_KEPT - len(report.errors), 0)])
+        if parsed.rows:
+            _route_batch(parsed.rows, actor=actor, report=report, notify_reps=notify_reps)
         if progress:
-            progress(read)
+            progress(parsed.read)
     return report
 
 
+@dataclass
+class _Parsed:
+    rows: list[_Row]
+    read: int
+    invalid: int
+    errors: list[RowError]
+
+
+def _read_ahead_process(items: Iterator[Any], *, depth: int) -> Iterator[Any]:
+    """Runs an iterator in a forked child process and receives its items through a pipe (the
+    pipe's buffer is the read-ahead bound). The child touches no database connection and
+    leaves with os._exit, so the parent's connection is never closed under it. For a
+    single-threaded process only (the management command): forking a threaded server is
+    not safe."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    def produce() -> None:
+        try:
+            for item in items:
+                sender.send((True, item))
+            sender.send((True, _DONE_MARK))
+        except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
+            sender.send((False, exc))
+
+    child = context.Process(target=produce, name="import-reader", daemon=True)
+    child.start()
+    sender.close()
+    try:
+        while True:
+            try:
+                ok, item = receiver.recv()
+            except EOFError:
+                raise RuntimeError("the import's reader process died") from None
+            if not ok:
+                raise item
+            if item == _DONE_MARK:
+                return
+            yield item
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.terminate()
+        child.join(timeout=5)
+
+
+_DONE_MARK = "__import_done__"
 _DONE = object()
 
 

@@ -110,7 +110,7 @@ def test_rotation_across_batches_is_exact_and_explained_like_intake(make_group, 
 
 def test_rerun_imports_nothing_new(make_group):
     make_group(2, slug="emea")
-    first = run(csv_of(*good_rows(5)), batch_size=2)
+    first = run(csv_of(*good_rows(5)), batch_size=2, parallel=True)
     events = AuditEvent.objects.count()
     second = run(csv_of(*good_rows(5)), batch_size=2)
     assert (first.imported, second.imported, second.already_imported) == (5, 0, 5)
@@ -203,7 +203,8 @@ def test_the_command_reports_and_counts(make_group, tmp_path: Path, capsys):
         call_command("import_leads", str(path), "--no-progress")
 
 
-def test_a_read_error_stops_the_import_after_the_batches_before_it(make_group):
+@pytest.mark.parametrize("parallel", [False, True], ids=["thread", "process"])
+def test_a_read_error_stops_the_import_after_the_batches_before_it(make_group, parallel):
     make_group(1, slug="emea")
 
     def lines():
@@ -213,7 +214,7 @@ def test_a_read_error_stops_the_import_after_the_batches_before_it(make_group):
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
 
     with pytest.raises(UnicodeDecodeError):
-        run(lines(), batch_size=2)
+        run(lines(), batch_size=2, parallel=parallel)
     assert Lead.objects.count() == 4  # two whole batches, committed; a re-run skips them
 
 

@@ -21,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="Leads per locked transaction.")
         parser.add_argument("--no-notify", action="store_true", help="Send no webhooks or e-mails for these leads.")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+        parser.add_argument("--no-parallel", action="store_true", help="Validate in a thread, not in a second process.")
         parser.add_argument("--show-errors", type=int, default=50, help="How many bad rows to print.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -46,6 +47,7 @@ class Command(BaseCommand):
                     batch_size=options["batch_size"],
                     notify_reps=not options["no_notify"],
                     progress=bar.update,
+                    parallel=not options["no_parallel"],
                 )
         except ImportFormatError as exc:
             raise CommandError(str(exc)) from exc
