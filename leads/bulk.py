@@ -42,11 +42,11 @@ from audit.models import AuditEvent
 from audit.services import Event, audit_record_bulk
 from notifications.services import outbox_add_many
 from rotation.eligibility import MemberFacts
-from rotation.models import Group, RotationState
+from rotation.models import Account, Group, RotationState
 from rotation.rules import lead_facts, match_rules
 from routing_project.bulkdb import ids_reserve, rows_insert, supports_copy
 
-from . import notify, routing
+from . import notify, ownership, routing
 from .api.serializers import LeadInSerializer
 from .models import DEDUP_STATUSES, Assignment, Lead, LeadStatus
 from .services import CONTACT_FIELDS, Resolution, active_rules, normalize_email
@@ -95,12 +95,21 @@ class ImportReport:
 
 @dataclass
 class _Row:
+    """A valid row and its group resolution (plain data: it crosses a process boundary)."""
+
     line: int
     data: dict[str, Any]
     raw: dict[str, str]
-    requested: Group | None
-    resolution: Resolution
+    requested: str  # the row's own group slug, or ""
+    group_slug: str | None  # the resolved group
+    rule: str | None
+    rules_tried: list[str]
+    group_source: str  # "rule", "requested", "default" or "none"
     email_normalized: str
+
+    def explanation(self) -> dict[str, Any]:
+        """The same keys as intake's (`services.Resolution.explanation`)."""
+        return Resolution(None, self.rule, self.rules_tried, self.group_source).explanation()
 
 
 class _RowValidator:
@@ -220,7 +229,7 @@ def leads_import(
         report.invalid += parsed.invalid
         report.errors.extend(parsed.errors[: max(MAX_ERRORS_KEPT - len(report.errors), 0)])
         if parsed.rows:
-            _route_batch(parsed.rows, actor=actor, report=report, notify_reps=notify_reps)
+            _route_batch(parsed.rows, groups=groups, actor=actor, report=report, notify_reps=notify_reps)
         if progress:
             progress(parsed.read)
     return report
@@ -385,14 +394,15 @@ def _validate(
     requested: Group | None = data.pop("group", None)
     # The same resolution as intake: first rule by priority, the row's group, the default group.
     match = match_rules(rules, lead_facts(data))
+    requested_slug = requested.slug if requested is not None else ""
+    email = normalize_email(data["email"])
     if match.rule is not None:
-        resolution = Resolution(groups.get(match.rule.group_slug), match.rule.name, match.tried, "rule")
-    elif requested is not None:
-        resolution = Resolution(requested, None, match.tried, "requested")
-    else:
-        default = next((g for g in groups.values() if g.is_default), None)
-        resolution = Resolution(default, None, match.tried, "default" if default else "none")
-    return _Row(line, data, raw, requested, resolution, normalize_email(data["email"]))
+        slug = match.rule.group_slug if match.rule.group_slug in groups else None
+        return _Row(line, data, raw, requested_slug, slug, match.rule.name, match.tried, "rule", email)
+    if requested is not None:
+        return _Row(line, data, raw, requested_slug, requested.slug, None, match.tried, "requested", email)
+    default = next((g.slug for g in groups.values() if g.is_default), None)
+    return _Row(line, data, raw, "", default, None, match.tried, "default" if default else "none", email)
 
 
 @dataclass
@@ -405,9 +415,11 @@ class _GroupTurn:
     assigned: int = 0
 
 
-def _route_batch(rows: list[_Row], *, actor: str, report: ImportReport, notify_reps: bool) -> None:
+def _route_batch(
+    rows: list[_Row], *, groups: dict[str, Group], actor: str, report: ImportReport, notify_reps: bool
+) -> None:
     with transaction.atomic():
-        _route_batch_locked(rows, actor=actor, report=report, notify_reps=notify_reps)
+        _route_batch_locked(rows, groups=groups, actor=actor, report=report, notify_reps=notify_reps)
     report.batches += 1
 
 
@@ -426,7 +438,9 @@ def _lock_import_and_emails(emails: list[str]) -> None:
         )
 
 
-def _route_batch_locked(rows: list[_Row], *, actor: str, report: ImportReport, notify_reps: bool) -> None:
+def _route_batch_locked(
+    rows: list[_Row], *, groups: dict[str, Group], actor: str, report: ImportReport, notify_reps: bool
+) -> None:
     now = timezone.now()
     routing.set_lock_timeout()
     _lock_import_and_emails([r.email_normalized for r in rows])
@@ -436,7 +450,7 @@ def _route_batch_locked(rows: list[_Row], *, actor: str, report: ImportReport, n
     done_ids = set(Lead.objects.filter(external_id__in=external_ids).values_list("external_id", flat=True))
 
     # Dedup, as intake: the newest open or queued lead of the email within the group's window.
-    windows = {r.resolution.group.dedup_days if r.resolution.group else 30 for r in rows}
+    windows = {groups[r.group_slug].dedup_days if r.group_slug else 30 for r in rows}
     open_by_email: dict[str, tuple[int, datetime, int | None, int | None]] = {}
     for lead_id, email, created_at, group_id, owner_id in (
         Lead.objects.filter(
@@ -450,9 +464,13 @@ def _route_batch_locked(rows: list[_Row], *, actor: str, report: ImportReport, n
         open_by_email[email] = (lead_id, created_at, group_id, owner_id)
     slugs = dict(Group.objects.filter(pk__in={v[2] for v in open_by_email.values()}).values_list("id", "slug"))
 
+    # Account ownership (sticky routing), looked up by domain for the whole batch.
+    domains = {ownership.email_domain(r.email_normalized) for r in rows} - {""}
+    owners = dict(Account.objects.filter(domain__in=domains, owner__active=True).values_list("domain", "owner_id"))
+
     # The locks: each group's rotation row once for the whole batch, in group id order.
     turns: dict[int, _GroupTurn] = {}
-    for group_id in sorted({r.resolution.group.id for r in rows if r.resolution.group is not None}):
+    for group_id in sorted({groups[r.group_slug].id for r in rows if r.group_slug}):
         state = routing.lock_rotation(group_id)
         facts = routing.member_facts(state.group, now) if state.group.active else []
         turns[group_id] = _GroupTurn(state, facts, {f.rep_id: i for i, f in enumerate(facts)})
@@ -468,7 +486,7 @@ def _route_batch_locked(rows: list[_Row], *, actor: str, report: ImportReport, n
             continue
         if ext:
             batch_external.add(ext)
-        group = turns[row.resolution.group.id].state.group if row.resolution.group is not None else None
+        group = turns[groups[row.group_slug].id].state.group if row.group_slug else None
         window = group.dedup_days if group else 30
         if row.email_normalized in batch_email:
             first = batch_email[row.email_normalized]
@@ -479,7 +497,9 @@ def _route_batch_locked(rows: list[_Row], *, actor: str, report: ImportReport, n
             slug = slugs.get(existing[2], "") if existing[2] else ""
             duplicates.append((existing[0], slug, existing[3], row, window))
             continue
-        lead = _route_one(row, group, turns, now)
+        domain = ownership.email_domain(row.email_normalized)
+        owner = ownership.OwnerHint(owners[domain], domain) if domain in owners else None
+        lead = _route_one(row, group, turns, now, owner)
         new.append(lead)
         batch_email[row.email_normalized] = lead
 
@@ -493,7 +513,7 @@ def _route_batch_locked(rows: list[_Row], *, actor: str, report: ImportReport, n
                 "rep_id": lead.values["owner_id"],
                 "group_id": lead.values["group_id"],
                 "attempt": 1,
-                "reason": Assignment.Reason.ROTATION,
+                "reason": lead.reason,
                 "started_at": now,
                 "due_at": lead.values["sla_due_at"],
             }
@@ -540,7 +560,7 @@ def _route_batch_locked(rows: list[_Row], *, actor: str, report: ImportReport, n
                     "group_id": lead.values["group_id"],
                     "rep_id": lead.values["owner_id"],
                     "payload": notify.lead_payload_values(
-                        lead.values, lead.values["group_slug"], reason=Assignment.Reason.ROTATION, attempt=1
+                        lead.values, lead.values["group_slug"], reason=lead.reason, attempt=1
                     ),
                     "created_at": now,
                 }
@@ -561,6 +581,7 @@ class _NewLead:
     values: dict[str, Any]
     kind: str  # lead.assigned or lead.queued
     explanation: dict[str, Any]
+    reason: str = Assignment.Reason.ROTATION  # or owner_match
 
 
 def _leads_write(leads: list[_NewLead]) -> None:
@@ -578,7 +599,9 @@ def _leads_write(leads: list[_NewLead]) -> None:
         lead.values["id"] = obj.id
 
 
-def _route_one(row: _Row, group: Group | None, turns: dict[int, _GroupTurn], now: datetime) -> _NewLead:
+def _route_one(
+    row: _Row, group: Group | None, turns: dict[int, _GroupTurn], now: datetime, owner: ownership.OwnerHint | None
+) -> _NewLead:
     """Routes one lead against its group's in-memory rotation (the lock is held)."""
     data = row.data
     values: dict[str, Any] = {
@@ -594,7 +617,7 @@ def _route_one(row: _Row, group: Group | None, turns: dict[int, _GroupTurn], now
         "external_id": data.get("external_id") or "",
         "attributes": data.get("attributes") or {},
         "raw_payload": row.raw,
-        "requested_group": row.requested.slug if row.requested else "",
+        "requested_group": row.requested,
         "created_at": now,
         "group_id": group.id if group else None,
         "group_slug": group.slug if group else "",
@@ -603,7 +626,7 @@ def _route_one(row: _Row, group: Group | None, turns: dict[int, _GroupTurn], now
         "sla_due_at": None,
         "queue_reason": "",
     }
-    explanation: dict[str, Any] = row.resolution.explanation()
+    explanation: dict[str, Any] = row.explanation()
     if group is None:
         values["queue_reason"] = "no rule matched and there is no default group"
     else:
@@ -613,7 +636,10 @@ def _route_one(row: _Row, group: Group | None, turns: dict[int, _GroupTurn], now
             values["queue_reason"] = f"group '{group.slug}' is inactive"
         else:
             state = turn.state
-            decision = routing.decide(
+            # As intake: the account owner when eligible (rotation untouched), else the rotation.
+            decision = ownership.owner_decide(
+                owner=owner,
+                group=group,
                 strategy=group.strategy,
                 pointer=state.pointer,
                 current_weights=state.current_weights or {},
@@ -622,23 +648,25 @@ def _route_one(row: _Row, group: Group | None, turns: dict[int, _GroupTurn], now
             )
             explanation.update(decision.explanation())
             if decision.rep_id is None:
-                values["queue_reason"] = (
+                values["queue_reason"] = decision.queue_reason or (
                     f"no eligible rep in group '{group.slug}'" if turn.facts else f"group '{group.slug}' has no members"
                 )
             else:
                 due = routing.sla_due(group, now)
                 values.update(status=LeadStatus.ASSIGNED, owner_id=decision.rep_id, assigned_at=now, sla_due_at=due)
-                # Move the rotation on in memory; written once at the end of the batch.
-                state.pointer = decision.pointer_after
-                state.current_weights = decision.weights_after
-                turn.assigned += 1
+                if decision.reason == Assignment.Reason.ROTATION:
+                    # Move the rotation on in memory; written once at the end of the batch. An
+                    # owner match leaves it where it is (as routing.advance does).
+                    state.pointer = decision.pointer_after
+                    state.current_weights = decision.weights_after
+                    turn.assigned += 1
                 i = turn.index[decision.rep_id]
                 f = turn.facts[i]
                 turn.facts[i] = dataclasses.replace(f, open=f.open + 1, assigned_today=f.assigned_today + 1)
                 explanation.update(
-                    {"reason": Assignment.Reason.ROTATION, "attempt": 1, "sla_due_at": due.isoformat() if due else None}
+                    {"reason": decision.reason, "attempt": 1, "sla_due_at": due.isoformat() if due else None}
                 )
-                return _NewLead(row.line, values, AuditEvent.Type.LEAD_ASSIGNED, explanation)
+                return _NewLead(row.line, values, AuditEvent.Type.LEAD_ASSIGNED, explanation, decision.reason)
     values["status"] = LeadStatus.QUEUED
     explanation["queue_reason"] = values["queue_reason"]
     return _NewLead(row.line, values, AuditEvent.Type.LEAD_QUEUED, explanation)

@@ -223,3 +223,23 @@ def test_progress_counts_every_row(make_group):
     seen = []
     report = run(csv_of(*good_rows(7), "bad,nope,,,,,emea,"), batch_size=3, progress=seen.append)
     assert sum(seen) == report.rows == 8
+
+
+def test_account_owners_take_their_leads_without_moving_the_rotation(make_group):
+    from rotation.models import Account
+
+    group, reps = make_group(3, slug="emea")
+    Account.objects.create(domain="bigco.example", owner=reps[2])
+    run(
+        csv_of(
+            "o-1,a@customer.example,Jane,Acme,FR,1,emea,",
+            "o-2,b@BigCo.example,Jane,BigCo,FR,1,emea,",
+            "o-3,c@customer.example,Jane,Acme,FR,1,emea,",
+        )
+    )
+    owners = [Lead.objects.get(external_id=f"o-{i}").owner_id for i in (1, 2, 3)]
+    assert owners == [reps[0].id, reps[2].id, reps[1].id]  # the owner match skipped no turn
+    assert Assignment.objects.get(lead__external_id="o-2").reason == "owner_match"
+    ex = AuditEvent.objects.get(lead_id=Lead.objects.get(external_id="o-2").id, type="lead.assigned").explanation
+    assert ex["reason"] == "owner_match" and ex["pointer_before"] == ex["pointer_after"] == 1
+    assert RotationState.objects.get(group=group).turns == 2
