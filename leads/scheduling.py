@@ -50,7 +50,9 @@ def publish(name: str, *, args: list[Any], **options: Any) -> bool:
     except Exception as exc:  # the broker is down or refused: the sweep will catch up
         with _breaker:
             _down_until = time.monotonic() + settings.BROKER_PUBLISH_BACKOFF_S
-        logger.warning("broker unavailable: %s not published (%s); the sweep catches up", name, type(exc).__name__)
+        logger.warning(
+            "broker unavailable: %s not published (%s: %s); the sweep catches up", name, type(exc).__name__, exc
+        )
         return False
 
 

@@ -129,8 +129,8 @@ def broker_unreachable() -> Iterator[None]:
     from routing_project.celery import app
 
     def reset_pools() -> None:
-        with contextlib.suppress(Exception):
-            app.pool.force_close_all()
+        # Forget the cached pools (not close them: kombu keeps producer pools in a global
+        # registry per URL, and the real one must stay usable when restored).
         app._pool = None
         app.amqp._producer_pool = None
         scheduling.publish_reset()
