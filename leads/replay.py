@@ -246,9 +246,12 @@ def _recorded_unavailable(reason: str) -> str:
     return reason if reason.startswith(UNAVAILABLE) else ""
 
 
-def routing_replay(*, since: datetime, until: datetime, group: str | None = None, config: Any = None) -> dict[str, Any]:
+def routing_replay(
+    *, since: datetime, until: datetime, group: str | None = None, config: Any = None, max_turns: int | None = None
+) -> dict[str, Any]:
     """Routes the window's decisions again in memory and returns per-rep counts, actual vs
-    proposed, per group. Reads only."""
+    proposed, per group. Reads only. With `max_turns`, a larger window is refused (the API
+    bounds the work one request may ask for; the command does not)."""
     if until <= since:
         raise ReplayError({"until": ["Must be after since."]})
     groups, rules = replay_config(config=config, group=group)
@@ -257,6 +260,10 @@ def routing_replay(*, since: datetime, until: datetime, group: str | None = None
     )
     if group is not None and rules is None:
         events = events.filter(group=group)
+    if max_turns is not None and events.count() > max_turns:
+        raise ReplayError(
+            {"since": [f"The window holds more than {max_turns} routing decisions; narrow it or use replay_routing."]}
+        )
     turns = list(events.order_by("id").values("id", "type", "at", "lead_id", "group", "rep_id", "explanation"))
 
     leads: dict[int, dict[str, Any]] = {}

@@ -18,6 +18,8 @@ from rotation.models import Group
 from .serializers import LeadInSerializer, RepBriefSerializer, StrictSerializer
 from .views import COMMON_ERRORS, VALIDATION_ERROR
 
+MAX_REPLAY_TURNS = 200_000  # a few seconds of work; larger windows: manage.py replay_routing
+
 
 class SimulateCandidateSerializer(serializers.Serializer):
     rep = RepBriefSerializer()
@@ -107,7 +109,11 @@ class ReplayView(APIView):
         data = incoming.validated_data
         try:
             result = routing_replay(
-                since=data["since"], until=data["until"], group=data.get("group"), config=data.get("config")
+                since=data["since"],
+                until=data["until"],
+                group=data.get("group"),
+                config=data.get("config"),
+                max_turns=MAX_REPLAY_TURNS,
             )
         except ReplayError as exc:
             raise serializers.ValidationError(exc.errors) from None

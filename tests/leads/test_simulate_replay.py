@@ -302,3 +302,19 @@ def test_replay_command_prints_counts_and_writes_nothing(api, make_group):
     assert json.loads(out.getvalue())["changed"] == 0
     assert AuditEvent.objects.filter(type="lead.assigned").count() == 8
     assert ApiClient.objects.count() >= 1
+
+
+def test_replay_over_too_many_decisions_is_refused_by_the_api(api, make_group, monkeypatch):
+    from leads.api import routing_views
+
+    make_group(1, slug="pool")
+    for _ in range(3):
+        post(api, "pool")
+    monkeypatch.setattr(routing_views, "MAX_REPLAY_TURNS", 2)
+    now = timezone.now()
+    r = api.post(
+        "/api/v1/routing/replay/",
+        {"since": (now - timedelta(hours=1)).isoformat(), "until": (now + timedelta(minutes=1)).isoformat()},
+        format="json",
+    )
+    assert r.status_code == 400 and "more than 2 routing decisions" in r.json()["since"][0]
