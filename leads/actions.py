@@ -30,7 +30,7 @@ from audit.services import Event, audit_record_many
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Group, Membership, Rep, RotationState
 
-from . import notify, routing, scheduling
+from . import notify, ownership, routing, scheduling
 from .models import OPEN_STATUSES, Assignment, Lead, LeadStatus
 
 logger = logging.getLogger(__name__)
@@ -508,7 +508,10 @@ def lead_reroute(*, lead_id: int, actor: str) -> Lead:
         else:
             assert state is not None
             facts = routing.member_facts(group, now)
-            decision = routing.decide(
+            # As at intake: the account owner when eligible (rotation untouched), else the rotation.
+            decision = ownership.owner_decide(
+                owner=resolution.owner,
+                group=group,
                 strategy=group.strategy,
                 pointer=state.pointer,
                 current_weights=state.current_weights or {},
@@ -517,9 +520,14 @@ def lead_reroute(*, lead_id: int, actor: str) -> Lead:
             )
             explanation.update({"group": group.slug, "strategy": group.strategy, **decision.explanation()})
             if decision.rep_id is None:
-                _queue(lead, f"no eligible rep in group '{group.slug}'" if facts else f"'{group.slug}' has no members")
+                _queue(
+                    lead,
+                    decision.queue_reason
+                    or (f"no eligible rep in group '{group.slug}'" if facts else f"'{group.slug}' has no members"),
+                )
             else:
-                new = _assign(lead, rep_id=decision.rep_id, group=group, reason=Assignment.Reason.REROUTE, now=now)
+                reason = decision.reason if decision.reason == ownership.OWNER_MATCH else Assignment.Reason.REROUTE
+                new = _assign(lead, rep_id=decision.rep_id, group=group, reason=reason, now=now)
                 routing.advance(state, decision)
                 new_rep = decision.rep_id
                 explanation.update({"attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
@@ -659,7 +667,9 @@ def _drain_one(group_id: int, passed: set[int], actor: str) -> str:
     now = timezone.now()
     had = set(Assignment.objects.filter(lead=lead).values_list("rep_id", flat=True))
     facts = routing.member_facts(group, now)
-    decision = routing.decide(
+    decision = ownership.owner_decide(
+        owner=ownership.account_owner_lookup(email=lead.email),
+        group=group,
         strategy=group.strategy,
         pointer=state.pointer,
         current_weights=state.current_weights or {},
@@ -668,12 +678,14 @@ def _drain_one(group_id: int, passed: set[int], actor: str) -> str:
         exclude=had,
     )
     if decision.rep_id is None:
-        if had:  # only reps who already had this lead are free: later leads may still go
+        if had or decision.queue_reason:
+            # Only reps who already had this lead are free, or it waits for its account's
+            # owner: later leads may still go.
             passed.add(lead.id)
             return "skipped"
         return "no_rep"
     queued_reason = lead.queue_reason
-    new = _assign(lead, rep_id=decision.rep_id, group=group, reason=Assignment.Reason.ROTATION, now=now)
+    new = _assign(lead, rep_id=decision.rep_id, group=group, reason=decision.reason, now=now)
     routing.advance(state, decision)
     lead.save(update_fields=LEAD_ROUTING_FIELDS)
     explanation = {
@@ -684,7 +696,7 @@ def _drain_one(group_id: int, passed: set[int], actor: str) -> str:
         "queued_for_s": round((now - lead.created_at).total_seconds(), 3),
         **decision.explanation(),
         "excluded": sorted(had),
-        "reason": Assignment.Reason.ROTATION,
+        "reason": decision.reason,
         "attempt": new.attempt,
         "sla_due_at": _iso(new.due_at),
     }

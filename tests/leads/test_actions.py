@@ -268,3 +268,16 @@ def test_reassign_to_a_rep_outside_the_group_is_allowed_and_said(api, make_group
     r = api.post(f"/api/v1/leads/{lead['id']}/reassign/", {"rep": outsider.id, "reason": "x"}, format="json")
     assert r.status_code == 200
     assert events(lead["id"], "lead.reassigned")[0].explanation["member_of_group"] is False
+
+
+def test_reroute_gives_the_lead_to_its_account_owner(api, make_group):
+    from rotation.models import Account
+
+    group, reps = make_group(3, slug="emea")
+    lead = post(api, group="emea", email="buyer@bigco.example")
+    assert lead["owner"]["id"] == reps[0].id
+    Account.objects.create(domain="bigco.example", owner=reps[2])
+    body = api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json").json()
+    assert body["owner"]["id"] == reps[2].id
+    assert Assignment.objects.get(lead_id=lead["id"], ended_at__isnull=True).reason == "owner_match"
+    assert pointer(group) == 1  # an owner match does not move the rotation

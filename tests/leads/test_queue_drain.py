@@ -164,3 +164,22 @@ def test_closing_a_lead_under_a_cap_drains_the_queue(api, make_group, celery_wor
     assert waiting["status"] == "queued"
     assert api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "lost"}, format="json").status_code == 200
     assert wait_for(lambda: status(waiting) == "assigned", timeout=10), celery_worker.log()
+
+
+@pytest.mark.django_db
+def test_a_lead_kept_for_its_account_owner_goes_to_the_owner_when_back(api, make_group):
+    from rotation.models import Account
+
+    group, reps = make_group(2, slug="emea", owner_match_fallback_to_rotation=False)
+    Account.objects.create(domain="bigco.example", owner=reps[1])
+    Membership.objects.filter(group=group, rep=reps[1]).update(active=False)
+    kept = post(api, group="emea", email="cfo@bigco.example")
+    other = post(api, group="emea")
+    assert kept["status"] == "queued" and "account owner" in kept["queue_reason"]
+    assert other["status"] == "assigned"
+    assert actions.queue_drain(group_id=group.id) == 0  # still away: the kept lead waits, nothing stops
+    Membership.objects.filter(group=group, rep=reps[1]).update(active=True)
+    assert actions.queue_drain(group_id=group.id) == 1
+    stored = Lead.objects.get(pk=kept["id"])
+    assert stored.owner_id == reps[1].id
+    assert Assignment.objects.get(lead_id=kept["id"]).reason == "owner_match"
