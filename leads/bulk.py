@@ -423,6 +423,33 @@ def _route_batch(
     report.batches += 1
 
 
+def _select_any(columns: str, key: str, values: list[str], order_by: str = "") -> list[tuple[Any, ...]]:
+    """Leads whose `key` is one of `values`: one array parameter (an IN list of 500 values
+    costs more to build than to run)."""
+    if not values:
+        return []
+    if connection.vendor != "postgresql":
+        names = [c.strip() for c in columns.split(",")]
+        qs = Lead.objects.filter(**{f"{key}__in": values})
+        return list((qs.order_by(order_by) if order_by else qs).values_list(*names))
+    sql = f"SELECT {columns} FROM leads_lead WHERE {key} = ANY(%s::text[])"  # noqa: S608 - our own names
+    if order_by:
+        sql += f" ORDER BY {order_by}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [values])
+        return cursor.fetchall()
+
+
+def _point_lookups(on: bool) -> None:
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        if on:
+            cursor.execute("SET LOCAL enable_seqscan = off; SET LOCAL max_parallel_workers_per_gather = 0")
+        else:
+            cursor.execute("SET LOCAL enable_seqscan TO DEFAULT; SET LOCAL max_parallel_workers_per_gather TO DEFAULT")
+
+
 def _lock_import_and_emails(emails: list[str]) -> None:
     """Imports serialize on one advisory lock (so their external_id checks are exact), then
     take the emails' locks (intake's first lock) in one fixed order: no deadlock with intake,
@@ -445,23 +472,27 @@ def _route_batch_locked(
     routing.set_lock_timeout()
     _lock_import_and_emails([r.email_normalized for r in rows])
 
+    # The look-ups below are point look-ups by one indexed key each. An import grows the table
+    # faster than autovacuum refreshes its statistics, and with stale statistics PostgreSQL
+    # picks sequential scans (quadratic over the file) or intersects the wrong indexes. So, for
+    # them only: no sequential scan, no parallel workers, and a single-column condition each.
+    _point_lookups(True)
     # Idempotency by external_id: rows already imported (by an earlier run or batch) are skipped.
-    external_ids = {r.data["external_id"] for r in rows if r.data.get("external_id")}
-    done_ids = set(Lead.objects.filter(external_id__in=external_ids).values_list("external_id", flat=True))
+    external_ids = sorted({r.data["external_id"] for r in rows if r.data.get("external_id")})
+    done_ids = {ext for (ext,) in _select_any("external_id", "external_id", external_ids)}
 
     # Dedup, as intake: the newest open or queued lead of the email within the group's window.
-    windows = {groups[r.group_slug].dedup_days if r.group_slug else 30 for r in rows}
+    since = now - timedelta(days=max(groups[r.group_slug].dedup_days if r.group_slug else 30 for r in rows))
     open_by_email: dict[str, tuple[int, datetime, int | None, int | None]] = {}
-    for lead_id, email, created_at, group_id, owner_id in (
-        Lead.objects.filter(
-            email_normalized__in={r.email_normalized for r in rows},
-            status__in=DEDUP_STATUSES,
-            created_at__gte=now - timedelta(days=max(windows)),
-        )
-        .order_by("id")
-        .values_list("id", "email_normalized", "created_at", "group_id", "owner_id")
+    for lead_id, email, created_at, group_id, owner_id, status in _select_any(
+        "id, email_normalized, created_at, group_id, owner_id, status",
+        "email_normalized",
+        sorted({r.email_normalized for r in rows}),
+        order_by="id",
     ):
-        open_by_email[email] = (lead_id, created_at, group_id, owner_id)
+        if status in DEDUP_STATUSES and created_at >= since:
+            open_by_email[email] = (lead_id, created_at, group_id, owner_id)
+    _point_lookups(False)
     slugs = dict(Group.objects.filter(pk__in={v[2] for v in open_by_email.values()}).values_list("id", "slug"))
 
     # Account ownership (sticky routing), looked up by domain for the whole batch.

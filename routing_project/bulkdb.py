@@ -14,6 +14,9 @@ from typing import Any
 from django.db import connection, models
 from psycopg import sql
 
+# One encoder for every row (json.dumps with options builds a new one per call).
+_json = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
 
 def ids_reserve(model: type[models.Model], n: int) -> list[int]:
     """`n` new primary keys from the table's sequence (PostgreSQL), in ascending order."""
@@ -38,7 +41,7 @@ def rows_copy(model: type[models.Model], columns: Sequence[str], rows: Iterable[
         with raw.copy(statement) as copy:
             for row in rows:
                 if json_columns:
-                    row = [json.dumps(v, separators=(",", ":")) if i in json_columns else v for i, v in enumerate(row)]
+                    row = [_json(v) if i in json_columns else v for i, v in enumerate(row)]
                 copy.write_row(row)
                 n += 1
     return n
