@@ -197,7 +197,8 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     now = timezone.now()
     if assignment.due_at > now:
         return EscalationResult("not_due", due_at=assignment.due_at, lead_id=lead_id)
-    assert state is not None  # an assignment with a due time belongs to a group
+    if state is None:  # no group, no SLA: nothing to escalate to
+        return EscalationResult("done", lead_id=lead_id)
     group = state.group
 
     _end(assignment, now, "sla_missed")

@@ -1,0 +1,49 @@
+"""Which timers get published, and when: the horizon that keeps a worker's memory bounded."""
+
+from datetime import timedelta
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from leads import actions, scheduling
+from leads.models import Assignment
+from tests.celery_worker import broker_purge
+from tests.conftest import lead_body
+
+pytestmark = pytest.mark.django_db
+
+
+def queued_messages() -> int:
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(f"{prefix}celery")
+
+
+@pytest.fixture
+def empty_broker():
+    broker_purge()
+    scheduling.publish_reset()
+    yield
+    broker_purge()
+
+
+def test_arm_publishes_only_the_window_within_the_horizon(api, make_group, empty_broker):
+    make_group(1, slug="emea", sla_minutes="60")
+    now = timezone.now()
+    offsets = [10, 50, 100, 119, 121, 600]  # seconds from now
+    for offset in offsets:
+        lead = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+        Assignment.objects.filter(lead_id=lead["id"]).update(due_at=now + timedelta(seconds=offset))
+    # horizon 120 s, every 60 s, overlap 15 s: this run covers (45 s, 120 s]; the 10 s one was
+    # published at commit (or by the previous run), the 121 s and 600 s ones by later runs.
+    assert actions.escalation_arm(now=now) == 3
+    assert queued_messages() == 3
+    assert actions.escalation_arm(now=now + timedelta(seconds=60)) == 2  # (105 s, 180 s]: 119 s and 121 s
+
+
+def test_a_timer_beyond_the_horizon_is_not_published_at_commit(empty_broker):
+    now = timezone.now()
+    assert scheduling.timer_publish(assignment_id=1, due_at=now + timedelta(minutes=30)) is False
+    assert scheduling.timer_publish(assignment_id=1, due_at=now + timedelta(seconds=30)) is True
+    assert queued_messages() == 1
