@@ -183,3 +183,50 @@ def test_a_lead_kept_for_its_account_owner_goes_to_the_owner_when_back(api, make
     stored = Lead.objects.get(pk=kept["id"])
     assert stored.owner_id == reps[1].id
     assert Assignment.objects.get(lead_id=kept["id"]).reason == "owner_match"
+
+
+@pytest.fixture
+def drains(monkeypatch):
+    """The group ids whose drain was requested after commit (the real callback is swapped out)."""
+    from rotation import hooks
+
+    seen: list[int] = []
+    monkeypatch.setattr(hooks, "_callbacks", [seen.extend])
+    return seen
+
+
+@pytest.mark.django_db
+def test_changes_that_free_capacity_ask_for_a_drain_after_commit(
+    make_group, drains, django_capture_on_commit_callbacks
+):
+    from tests.factories import RepFactory
+
+    group, reps = make_group(2, slug="emea")
+    member = Membership.objects.get(group=group, rep=reps[0])
+    cases = [
+        (lambda: services.membership_update(membership=member, actor="t", changed=["max_open"]), True),
+        (lambda: services.membership_update(membership=member, actor="t", changed=["position"]), False),
+        (lambda: services.membership_add(group=group, rep=RepFactory(), actor="t"), True),
+    ]
+    for change, expected in cases:
+        drains.clear()
+        with django_capture_on_commit_callbacks(execute=True):
+            change()
+        assert drains == ([group.id] if expected else []), change
+    member.active = False
+    member.paused_reason = "auto-paused after 3 consecutive SLA misses"
+    member.save()
+    drains.clear()
+    member.active = True
+    with django_capture_on_commit_callbacks(execute=True):
+        services.membership_update(membership=member, actor="t", changed=["active"])
+    assert drains == [group.id]
+    member.refresh_from_db()
+    assert member.paused_reason == "" and member.consecutive_misses == 0
+    group.active = False
+    services.group_save(group=group, actor="t", changed=["active"])
+    drains.clear()
+    group.active = True
+    with django_capture_on_commit_callbacks(execute=True):
+        services.group_save(group=group, actor="t", changed=["active"])
+    assert drains == [group.id]
