@@ -69,14 +69,28 @@ def outbox_add_many(*, messages: list[dict[str, Any]]) -> int:
     return n
 
 
+_down_until = 0.0
+
+
 def _enqueue(task_name: str, arg: int | None) -> None:
-    """Publishes a task; a broker outage must not fail the request (the sweep catches up)."""
+    """Publishes a task; a broker outage must not fail or slow the request: after a failure,
+    publishing is skipped for a few seconds (a small circuit breaker) and the sweep delivers."""
+    global _down_until
+    if time.monotonic() < _down_until:
+        return
     from routing_project.celery import app
 
     try:
-        app.send_task(task_name, args=[arg] if arg is not None else [])
+        app.send_task(task_name, args=[arg] if arg is not None else [], retry=False)
     except Exception as exc:  # noqa: BLE001 - any broker error: the periodic sweep delivers later
+        _down_until = time.monotonic() + getattr(settings, "BROKER_PUBLISH_BACKOFF_S", 5.0)
         logger.warning("notification task not enqueued (%s); the sweep will deliver it", type(exc).__name__)
+
+
+def enqueue_reset() -> None:
+    """Closes the circuit breaker (tests, or once the broker is known to be back)."""
+    global _down_until
+    _down_until = 0.0
 
 
 def _enqueue_sends(ids: list[int]) -> None:

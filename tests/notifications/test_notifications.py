@@ -222,3 +222,22 @@ def test_escalation_and_manual_assignment_announce_the_new_owner(post_lead, make
     actions.lead_reassign(lead_id=lead_id, rep_id=reps[0].id, reason="covering", actor="test")
     manual = OutboxMessage.objects.filter(event="lead.assigned").order_by("id").last()
     assert (manual.rep_id, manual.payload["reason"]) == (reps[0].id, "manual")
+
+
+def test_intake_carries_on_when_the_broker_is_down(post_lead, make_group, django_capture_on_commit_callbacks):
+    from tests.celery_worker import broker_unreachable
+
+    make_group(1, slug="emea")
+    services.enqueue_reset()
+    try:
+        with broker_unreachable(), django_capture_on_commit_callbacks(execute=True):
+            first = post_lead(group="emea")
+        assert services._down_until > 0  # the breaker is open: the next requests do not even try
+        with broker_unreachable(), django_capture_on_commit_callbacks(execute=True):
+            second = post_lead(group="emea")
+    finally:
+        services.enqueue_reset()
+    assert (first.status_code, second.status_code) == (201, 201)
+    # Nothing was lost: the rows wait in the outbox for the sweep.
+    assert OutboxMessage.objects.filter(dispatched_at__isnull=True).count() == 2
+    assert services.outbox_dispatch_pending(older_than_s=0) == 2
