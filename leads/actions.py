@@ -338,7 +338,9 @@ def escalation_arm(*, now: datetime | None = None) -> int:
     for assignment_id, due_at in rows:
         if due_at is None:
             continue
-        if not scheduling.timer_publish(assignment_id=assignment_id, due_at=due_at):
+        if not scheduling.publish(
+            scheduling.ESCALATE_TASK, args=[assignment_id], eta=due_at, expires=due_at + timedelta(hours=1)
+        ):
             break  # the broker is down: the sweep escalates these on time anyway
         published += 1
     return published

@@ -125,6 +125,13 @@ class Worker:
 @contextlib.contextmanager
 def broker_unreachable() -> Iterator[None]:
     """This process publishes to a closed port (Redis "down" for intake); restored after."""
+    with broker_at("redis://127.0.0.1:1/0"):  # nothing listens on port 1
+        yield
+
+
+@contextlib.contextmanager
+def broker_at(url: str) -> Iterator[None]:
+    """This process publishes to `url` for a while; restored after."""
     from leads import scheduling
     from routing_project.celery import app
 
@@ -136,7 +143,7 @@ def broker_unreachable() -> Iterator[None]:
         scheduling.publish_reset()
 
     saved = app.conf.broker_url
-    app.conf.broker_url = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    app.conf.broker_url = url
     reset_pools()
     try:
         yield
@@ -192,3 +199,48 @@ def celery_worker_factory(transactional_db, tmp_path) -> Iterator[Callable[..., 
         for worker in made:
             worker.stop()
         broker_purge()
+
+
+class PrivateRedis:
+    """A redis-server of this test's own, on a port of its own, to stop and start again."""
+
+    def __init__(self, tmp: Path) -> None:
+        index = int(XDIST[2:]) if XDIST.startswith("gw") else 0
+        self.port = 18300 + 10 + index
+        self.tmp = tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        cmd += ["--dir", str(self.tmp)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        if not wait_for(lambda: self._ping(client), timeout=10):
+            raise RuntimeError("private redis-server did not start")
+
+    @staticmethod
+    def _ping(client: redis.Redis) -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture
+def private_redis(tmp_path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

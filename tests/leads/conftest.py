@@ -1,5 +1,5 @@
-"""Fixtures for the leads tests: a real Celery worker (tests/celery_worker.py)."""
+"""Fixtures for the leads tests: a real Celery worker and a private Redis (tests/celery_worker.py)."""
 
-from tests.celery_worker import celery_worker, celery_worker_factory
+from tests.celery_worker import celery_worker, celery_worker_factory, private_redis
 
-__all__ = ["celery_worker", "celery_worker_factory"]
+__all__ = ["celery_worker", "celery_worker_factory", "private_redis"]
