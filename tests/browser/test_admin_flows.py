@@ -185,3 +185,31 @@ def test_the_dashboard_renders_its_charts(page: Page, live: str):
     expect(page.locator("#group-unstaffed .dash-kpis")).to_contain_text("2")
     os.makedirs(SCREENSHOTS, exist_ok=True)
     page.screenshot(path=os.path.join(SCREENSHOTS, "dashboard.png"), full_page=True)
+
+
+def test_a_csv_upload_imports_routes_and_lists_bad_lines(page: Page, live: str, tmp_path):
+    group = GroupFactory(slug="dach", name="DACH")
+    for name in ("Jonas Weber", "Klara Huber"):
+        services.membership_add(group=group, rep=RepFactory(name=name), actor="test")
+    path = tmp_path / "leads.csv"
+    path.write_text(
+        "external_id,email,company,country,group\n"
+        "up-1,anna@kunde.example,Kunde GmbH,DE,dach\n"
+        "up-2,not-an-email,Broken AG,DE,dach\n"
+        "up-3,ben@firma.example,Firma AG,ZZ,dach\n"
+        "up-4,carl@werk.example,Werk KG,AT,dach\n"
+    )
+    superuser()
+    log_in(page, live, "root")
+    page.click("text=Import leads (CSV)")
+    page.set_input_files("input[name=file]", str(path))
+    page.click("input[type=submit][value=Import]")
+    report = page.locator("#import-report")
+    expect(report).to_contain_text("4 rows: 2 imported (2 assigned, 0 queued)")
+    expect(report.locator("tbody tr")).to_have_count(2)
+    expect(report.locator("tbody tr").nth(0)).to_contain_text("3")
+    expect(report.locator("tbody tr").nth(1)).to_contain_text("not an ISO 3166-1 alpha-2 country code")
+    os.makedirs(SCREENSHOTS, exist_ok=True)
+    page.screenshot(path=os.path.join(SCREENSHOTS, "import.png"), full_page=True)
+    owners = list(Lead.objects.order_by("id").values_list("external_id", "owner__name"))
+    assert owners == [("up-1", "Jonas Weber"), ("up-4", "Klara Huber")]
