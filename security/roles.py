@@ -1,13 +1,14 @@
 """Admin roles as Django groups: what each may see and do in the admin.
 
 - Sales ops edit the routing configuration (groups, reps, memberships, absences, rules,
-  accounts) and read leads and the audit trail.
+  accounts), import leads from CSV, and read leads, the audit trail and the delivery log.
 - Managers work the fallback queue and reassign (change leads), read the configuration and
   the audit trail.
 - Auditors read everything routing-related and change nothing.
 
-Nobody but a superuser sees API clients or intake sources (they hold credentials), and nobody
-at all adds, changes or deletes audit events (the admin refuses; PostgreSQL refuses too).
+Nobody but a superuser sees API clients, intake sources or webhook endpoints (they hold
+credentials), and nobody at all adds, changes or deletes audit events (the admin refuses;
+PostgreSQL refuses too).
 The groups are created by a migration; `roles_sync` runs again after every `migrate`, so the
 permissions of models added later join the roles.
 """
@@ -20,7 +21,12 @@ ALL = ("add", "change", "delete", "view")
 VIEW = ("view",)
 CONFIG_MODELS = ("group", "rep", "membership", "absence", "routingrule", "account")
 # Holding credentials: superusers only.
-SECRET_MODELS = {("leads", "apiclient"), ("hooks", "intakesource"), ("hooks", "hookdelivery")}
+SECRET_MODELS = {
+    ("leads", "apiclient"),
+    ("hooks", "intakesource"),
+    ("hooks", "hookdelivery"),
+    ("notifications", "webhookendpoint"),  # holds the signing secret
+}
 
 SALES_OPS = "Sales ops"
 MANAGERS = "Managers"
@@ -31,8 +37,10 @@ ROLES: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     SALES_OPS: [
         *[("rotation", model, ALL) for model in CONFIG_MODELS],
         ("rotation", "*", VIEW),
+        ("leads", "lead", ("add",)),  # the CSV import page (leads are never added one by one)
         ("leads", "*", VIEW),
         ("audit", "*", VIEW),
+        ("notifications", "*", VIEW),  # the delivery log
     ],
     MANAGERS: [
         ("leads", "lead", ("view", "change")),
@@ -40,11 +48,13 @@ ROLES: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("leads", "*", VIEW),
         ("rotation", "*", VIEW),
         ("audit", "*", VIEW),
+        ("notifications", "*", VIEW),
     ],
     AUDITORS: [
         ("leads", "*", VIEW),
         ("rotation", "*", VIEW),
         ("audit", "*", VIEW),
+        ("notifications", "*", VIEW),
     ],
 }
 

@@ -241,3 +241,22 @@ def test_intake_carries_on_when_the_broker_is_down(post_lead, make_group, django
     # Nothing was lost: the rows wait in the outbox for the sweep.
     assert OutboxMessage.objects.filter(dispatched_at__isnull=True).count() == 2
     assert services.outbox_dispatch_pending(older_than_s=0) == 2
+
+
+@pytest.mark.parametrize(
+    "role, delivery_log, endpoints, lead_import",
+    [("Sales ops", 200, 403, 200), ("Managers", 200, 403, 403), ("Auditors", 200, 403, 403)],
+)
+def test_roles_read_the_delivery_log_only_superusers_see_endpoints(client, role, delivery_log, endpoints, lead_import):
+    from django.contrib.auth.models import Group as Role
+    from django.contrib.auth.models import Permission, User
+
+    from security.roles import roles_sync
+
+    roles_sync(group_model=Role, permission_model=Permission)
+    user = User.objects.create_user("someone", password="pw-123456789", is_staff=True)
+    user.groups.add(Role.objects.get(name=role))
+    client.force_login(user)
+    assert client.get("/admin/notifications/delivery/").status_code == delivery_log
+    assert client.get("/admin/notifications/webhookendpoint/").status_code == endpoints
+    assert client.get("/admin/lead-import/").status_code == lead_import
