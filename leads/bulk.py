@@ -24,15 +24,18 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import multiprocessing
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import connection, transaction
 from django.utils import timezone
@@ -50,6 +53,8 @@ from . import notify, ownership, routing
 from .api.serializers import LeadInSerializer
 from .models import DEDUP_STATUSES, Assignment, Lead, LeadStatus
 from .services import CONTACT_FIELDS, Resolution, active_rules, normalize_email
+
+logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
 MAX_ERRORS_KEPT = 1000
@@ -418,8 +423,24 @@ class _GroupTurn:
 def _route_batch(
     rows: list[_Row], *, groups: dict[str, Group], actor: str, report: ImportReport, notify_reps: bool
 ) -> None:
-    with transaction.atomic():
-        _route_batch_locked(rows, groups=groups, actor=actor, report=report, notify_reps=notify_reps)
+    """One batch, one transaction; retried like intake after a deadlock, a serialization
+    failure or a lock timeout (a rotation row held long by someone else): nothing of a failed
+    attempt was written, and the counts are added only once it committed."""
+    attempts = settings.ROUTING_MAX_RETRIES + 1
+    for attempt in range(attempts):
+        counts = ImportReport(import_id=report.import_id)
+        try:
+            with transaction.atomic():
+                _route_batch_locked(rows, groups=groups, actor=actor, report=counts, notify_reps=notify_reps)
+        except Exception as exc:
+            if (routing.is_retryable(exc) or routing.is_lock_timeout(exc)) and attempt + 1 < attempts:
+                logger.warning("import batch retried after %s", routing.sqlstate(exc) or type(exc).__name__)
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            raise
+        break
+    for name in ("imported", "assigned", "queued", "duplicates", "already_imported"):
+        setattr(report, name, getattr(report, name) + getattr(counts, name))
     report.batches += 1
 
 

@@ -243,3 +243,35 @@ def test_account_owners_take_their_leads_without_moving_the_rotation(make_group)
     ex = AuditEvent.objects.get(lead_id=Lead.objects.get(external_id="o-2").id, type="lead.assigned").explanation
     assert ex["reason"] == "owner_match" and ex["pointer_before"] == ex["pointer_after"] == 1
     assert RotationState.objects.get(group=group).turns == 2
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_retries_after_a_lock_timeout_on_a_held_rotation_row(make_group, settings, caplog):
+    import threading
+
+    from django.db import connection, transaction
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    group, _ = make_group(2, slug="emea")
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                RotationState.objects.select_for_update().get(group=group)
+                held.set()
+                release.wait(5)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    threading.Timer(0.5, release.set).start()  # longer than one lock timeout, shorter than the retries
+    report = run(csv_of(*good_rows(3)))
+    holder.join()
+    assert (report.imported, report.assigned, report.batches) == (3, 3, 1)
+    assert Lead.objects.count() == 3 and Assignment.objects.count() == 3
+    assert RotationState.objects.get(group=group).turns == 3
+    assert "import batch retried after 55P03" in caplog.text  # lock_not_available, then success
