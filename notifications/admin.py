@@ -1,20 +1,64 @@
 import json
 
 from django.contrib import admin
+from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from django.utils.html import format_html
 
-from .models import Delivery, OutboxMessage, WebhookEndpoint
+from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret
 
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(admin.ModelAdmin):
-    list_display = ("group", "url", "active", "created_at")
+    """A group's webhook receivers. The signing secret is shown once (on creation and on
+    rotation) and never again, like intake sources' secrets."""
+
+    list_display = ("group", "url", "active", "secret_hint", "created_at")
     list_filter = ("active", "group")
     list_select_related = ("group",)
     search_fields = ("url", "group__slug")
-    fields = ("group", "url", "active", "secret")
+    fields = ("group", "url", "active", "secret_hint")
+    readonly_fields = ("secret_hint",)
+    actions = ["rotate_secret"]
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+
+    @admin.display(description="Secret")
+    def secret_hint(self, obj: WebhookEndpoint) -> str:
+        return f"{obj.secret[:4]}…" if obj.pk else "generated on save, shown once"
+
+    def response_add(
+        self, request: HttpRequest, obj: WebhookEndpoint, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        return self._show(request, f"Webhook endpoint for '{obj.group}' created", [(obj.url, obj.secret)])
+
+    @admin.action(description="Rotate the signing secret", permissions=["change"])
+    def rotate_secret(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> HttpResponse:
+        items = []
+        for endpoint in queryset:
+            endpoint.secret = new_secret()
+            endpoint.save(update_fields=["secret"])
+            items.append((endpoint.url, endpoint.secret))
+        return self._show(
+            request, "Secrets rotated", items, note="Deliveries are signed with the new secret from now on."
+        )
+
+    def _show(self, request: HttpRequest, title: str, items: list[tuple[str, str]], note: str = "") -> HttpResponse:
+        from security.admin_views import shown_once
+
+        return shown_once(
+            request,
+            title=title,
+            what="the signing secret" if len(items) == 1 else "the signing secrets",
+            items=items,
+            stored="what signing deliveries needs, never displayed again",
+            lost="rotate it",
+            back=reverse("admin:notifications_webhookendpoint_changelist"),
+            note=note
+            or 'Receivers check X-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>"> '
+            "under this secret.",
+        )
 
 
 @admin.register(Delivery)

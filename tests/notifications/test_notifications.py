@@ -260,3 +260,23 @@ def test_roles_read_the_delivery_log_only_superusers_see_endpoints(client, role,
     assert client.get("/admin/notifications/delivery/").status_code == delivery_log
     assert client.get("/admin/notifications/webhookendpoint/").status_code == endpoints
     assert client.get("/admin/lead-import/").status_code == lead_import
+
+
+def test_the_endpoint_secret_is_shown_once_and_can_be_rotated(admin_client, make_group):
+    group, _ = make_group(1, slug="emea")
+    r = admin_client.post(
+        "/admin/notifications/webhookendpoint/add/",
+        {"group": group.pk, "url": "https://crm.example/hook", "active": "on"},
+    )
+    assert r.status_code == 200 and "no-store" in r["Cache-Control"]
+    endpoint = WebhookEndpoint.objects.get()
+    assert len(endpoint.secret) == 64 and endpoint.secret in r.content.decode()
+    change = admin_client.get(f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/").content.decode()
+    assert endpoint.secret not in change and endpoint.secret[:4] in change
+    old = endpoint.secret
+    r = admin_client.post(
+        "/admin/notifications/webhookendpoint/",
+        {"action": "rotate_secret", "_selected_action": [endpoint.pk]},
+    )
+    endpoint.refresh_from_db()
+    assert endpoint.secret != old and endpoint.secret in r.content.decode()
