@@ -1,0 +1,148 @@
+"""The locked block's reads and its advance in plain SQL, on PostgreSQL.
+
+These statements run while a group's rotation row is locked, so their cost is paid once per
+lead by the whole group: on a small machine, compiling an ORM query costs about a
+millisecond of CPU, several times the statement itself. Same statements, same lock clauses,
+same results as the ORM versions in leads/routing.py (which the embedded SQLite default
+keeps using); the column lists come from the models, so a new field is picked up.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from django.db import connection
+from django.db.models import Field
+from django.utils import timezone
+
+from rotation.models import Absence, Group, Membership, Rep, RotationState
+
+
+def _qn(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def _convert(fields: list[Field], row: tuple[Any, ...]) -> list[Any]:
+    """Applies the fields' own converters (JSON columns arrive as text), as the ORM would."""
+    values = []
+    for f, value in zip(fields, row, strict=True):
+        for converter in f.get_db_converters(connection):  # type: ignore[attr-defined]
+            value = converter(value, None, connection)
+        values.append(value)
+    return values
+
+
+@cache
+def _lock_statement() -> tuple[str, list[Field], list[Field]]:
+    state_fields = list(RotationState._meta.concrete_fields)
+    group_fields = list(Group._meta.concrete_fields)
+    columns = [f"r.{_qn(f.column)}" for f in state_fields] + [f"g.{_qn(f.column)}" for f in group_fields]
+    sql = (
+        # Identifiers come from the models; values are parameters.
+        f"SELECT {', '.join(columns)} FROM {_qn(RotationState._meta.db_table)} r "  # noqa: S608
+        f"INNER JOIN {_qn(Group._meta.db_table)} g ON g.{_qn(Group._meta.pk.column)} = r.{_qn('group_id')} "
+        f"WHERE r.{_qn('group_id')} = %s FOR NO KEY UPDATE OF r, g"
+    )
+    return sql, state_fields, group_fields
+
+
+def rotation_lock_fetch(group_id: int) -> RotationState | None:
+    """SELECT ... FOR NO KEY UPDATE OF the rotation row and the group row (as the ORM query in
+    routing.lock_rotation), returning the state with its group loaded; None when missing."""
+    sql, state_fields, group_fields = _lock_statement()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [group_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    n = len(state_fields)
+    state = RotationState.from_db(connection.alias, [f.attname for f in state_fields], _convert(state_fields, row[:n]))
+    group = Group.from_db(connection.alias, [f.attname for f in group_fields], _convert(group_fields, row[n:]))
+    state.group = group
+    return state
+
+
+@dataclass
+class RepRow:
+    name: str
+    email: str
+    active: bool
+    timezone: str
+    working_hours: Any
+
+
+@dataclass
+class MemberRow:
+    """What routing.member_facts reads of a membership (the same attribute names)."""
+
+    rep_id: int
+    position: int
+    weight: int
+    active: bool
+    max_open: int | None
+    max_per_day: int | None
+    paused_reason: str
+    rep: RepRow
+    away_from: datetime | None
+    away_until: datetime | None
+
+
+@cache
+def _members_statement() -> str:
+    m, r, a = Membership._meta.db_table, Rep._meta.db_table, Absence._meta.db_table
+    return (
+        # Identifiers come from the models; values are parameters.
+        "SELECT m.rep_id, m.position, m.weight, m.active, m.max_open, m.max_per_day, m.paused_reason, "  # noqa: S608
+        "r.name, r.email, r.active, r.timezone, r.working_hours, a.starts_at, a.ends_at "
+        f"FROM {_qn(m)} m INNER JOIN {_qn(r)} r ON r.id = m.rep_id "
+        f"LEFT JOIN LATERAL (SELECT starts_at, ends_at FROM {_qn(a)} "
+        "WHERE rep_id = m.rep_id AND starts_at <= %s AND ends_at > %s ORDER BY ends_at DESC LIMIT 1) a ON true "
+        "WHERE m.group_id = %s ORDER BY m.position, m.rep_id"
+    )
+
+
+def member_rows(group_id: int, now: datetime) -> list[MemberRow]:
+    """Members in rotation order with their rep and the absence covering now (the one ending
+    last), in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(_members_statement(), [now, now, group_id])
+        rows = cursor.fetchall()
+    out = []
+    for (
+        rep_id,
+        position,
+        weight,
+        active,
+        max_open,
+        max_per_day,
+        paused,
+        name,
+        email,
+        rep_active,
+        tz,
+        hours,
+        a0,
+        a1,
+    ) in rows:
+        if isinstance(hours, str):
+            hours = json.loads(hours)
+        rep = RepRow(name, email, rep_active, tz, hours)
+        out.append(MemberRow(rep_id, position, weight, active, max_open, max_per_day, paused, rep, a0, a1))
+    return out
+
+
+def rotation_advance(state: RotationState) -> None:
+    """UPDATE of the rotation row with the state's new pointer, weights and turns (as
+    state.save(update_fields=[...]) would write them)."""
+    state.updated_at = timezone.now()
+    table = _qn(RotationState._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET pointer = %s, current_weights = %s::jsonb, turns = %s, updated_at = %s "  # noqa: S608
+            "WHERE group_id = %s",
+            [state.pointer, json.dumps(state.current_weights), state.turns, state.updated_at, state.group_id],
+        )
