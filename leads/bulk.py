@@ -9,8 +9,9 @@ Valid rows are routed in batches (`batch_size`, 500 by default), one transaction
 with the same locks in the same order as intake: the emails' advisory locks (dedup), then
 each group's rotation row once per batch (by group id), and the same steps under them:
 eligibility read after the lock (`routing.member_facts`), the pick (`routing.decide`, pure,
-called once per lead while the in-memory counts, pointer and weights move on), then the
-leads, assignments, audit events and outbox rows written with one INSERT each. Each lead
+called once per lead while the in-memory counts, pointer and weights move on; account
+owners first, as intake), then the leads, assignments, audit events and outbox rows written
+with one COPY each (one INSERT each on the embedded SQLite default). Each lead
 gets the same audit events as intake (`lead.received`, then `lead.assigned` or
 `lead.queued`, or `lead.duplicate`) with the same explanation: rule, group and strategy,
 candidates and why, the pointer before and after.
