@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+
 import django_filters
+from django import forms
 
 
 class StrictFilterSet(django_filters.FilterSet):
@@ -26,3 +30,21 @@ class StrictFilterSet(django_filters.FilterSet):
                 self.form.add_error(name, problem)
                 valid = False
         return valid
+
+
+class UtcDateTimeField(django_filters.fields.IsoDateTimeField):
+    """An ISO 8601 date-time, converted to UTC here: any offset Python accepts (up to ±24 h)
+    becomes a value the database takes, and an instant out of range is a 400, not a 500."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        parsed = super().to_python(value)
+        if parsed is None:
+            return None
+        try:
+            return parsed.astimezone(UTC)
+        except (OverflowError, ValueError):
+            raise forms.ValidationError("Out of range.", code="invalid") from None
+
+
+class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcDateTimeField

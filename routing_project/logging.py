@@ -35,5 +35,6 @@ class JsonFormatter(logging.Formatter):
             if key not in _RECORD_ATTRS and not key.startswith("_"):
                 out[key] = value
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            # exc_text when a filter rendered it already (the redaction filter does).
+            out["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str, ensure_ascii=False)

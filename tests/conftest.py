@@ -11,6 +11,24 @@ from .factories import GroupFactory, RepFactory, api_client_with
 _emails = itertools.count()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Makes `@pytest.mark.xdist_group` work again: pytest-xdist 3.8 groups a test by renaming
+    `item._nodeid` to `<nodeid>@<group>`, which pytest 9 no longer reads (it keeps `item._id`),
+    so `--dist loadgroup` silently spread every group over the workers. Same renaming, on the
+    attribute pytest 9 reads; a no-op when xdist already did it or is not grouping."""
+    if not hasattr(config, "workerinput") or not config.getvalue("loadgroup"):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")
+        }
+        if names and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(names))}")
+
+
 def api_for(scopes: list[str]) -> APIClient:
     _client, token = api_client_with(scopes)
     api = APIClient()

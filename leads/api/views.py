@@ -21,7 +21,7 @@ from leads.models import ApiClient, Lead, LeadStatus
 from leads.routing import RoutingBusy
 from rotation.models import Group
 from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
-from routing_project.filters import StrictFilterSet
+from routing_project.filters import StrictFilterSet, UtcDateTimeFilter
 
 from .action_views import ACTION_SCOPES, LeadActionsMixin
 from .auth import actor_of
@@ -49,7 +49,7 @@ class LeadFilter(StrictFilterSet):
     status = django_filters.ChoiceFilter(choices=LeadStatus.choices)
     group = django_filters.CharFilter(field_name="group__slug", max_length=64)
     owner = django_filters.NumberFilter(field_name="owner_id", min_value=1)
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
 
     class Meta:
         model = Lead

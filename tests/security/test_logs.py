@@ -143,3 +143,17 @@ def test_tracebacks_are_redacted_too():
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, __import__("sys").exc_info())
     RedactingFilter().filter(record)
     assert EMAIL not in logging.Formatter().format(record)
+
+
+def test_json_lines_carry_the_redacted_traceback():
+    from routing_project.logging import JsonFormatter
+
+    try:
+        raise ValueError(f"duplicate key (email)=({EMAIL})")
+    except ValueError:
+        record = logging.LogRecord(
+            "x", logging.ERROR, __file__, 1, "failed for %s", (EMAIL,), __import__("sys").exc_info()
+        )
+    RedactingFilter().filter(record)
+    line = JsonFormatter().format(record)
+    assert EMAIL not in line and "ValueError" in line and json.loads(line)["message"] == "failed for [redacted]"

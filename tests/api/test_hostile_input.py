@@ -1,0 +1,41 @@
+"""Regressions for what schemathesis found: each was a 500 or an undocumented answer."""
+
+import pytest
+from django.utils import timezone
+
+from leads.models import Lead
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("url", ["/api/v1/leads/abc/", "/api/v1/leads/null,null/events/", "/api/v1/leads/0.5/accept/"])
+def test_non_numeric_lead_ids_are_json_404s(api, url):
+    r = api.post(url, {}, format="json") if url.endswith("accept/") else api.get(url)
+    assert r.status_code == 404 and r["Content-Type"] == "application/json"
+    assert r.json() == {"detail": "Not found."}
+
+
+def test_unmatched_api_urls_are_json_404s_and_the_rest_html(api, client):
+    r = api.get("/api/v1/groups/%C2%84/members/")
+    assert r.status_code == 404 and r.json()["detail"]
+    assert client.get("/nowhere/").status_code == 404
+    assert "text/html" in client.get("/nowhere/")["Content-Type"]
+
+
+def test_created_after_takes_any_offset_and_refuses_out_of_range(api):
+    Lead.objects.create(email="a@b.example", email_normalized="a@b.example", status="queued", created_at=timezone.now())
+    r = api.get("/api/v1/leads/", {"created_after": "2000-01-01T00:00:00-21:45"})
+    assert r.status_code == 200 and r.json()["count"] == 1
+    r = api.get("/api/v1/leads/", {"created_after": "9999-12-31T23:59:59-23:00"})
+    assert r.status_code == 400 and "created_after" in r.json()
+
+
+@pytest.mark.parametrize("query", ["created_after=", "owner=", "status=", "owner=1&owner=2", "page_size=0"])
+def test_empty_repeated_or_out_of_range_parameters_are_400s(api, query):
+    r = api.get(f"/api/v1/leads/?{query}")
+    assert r.status_code == 400
+    assert query.split("=")[0] in r.json()
+
+
+def test_an_empty_text_filter_is_allowed(api):
+    assert api.get("/api/v1/leads/?group=").status_code == 200
