@@ -200,3 +200,37 @@ def test_source_rate_limit_gives_429_with_retry_after(source, make_group):
 def test_field_map_is_validated():
     with pytest.raises(ValueError, match="not a lead field"):
         services.source_create(slug="bad", name="Bad", actor="test", field_map={"x": "password"})
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_replay_racing_the_original_is_refused(make_group):
+    """Two connections post the same signed request at once: one lead, one 401."""
+    import threading
+
+    from django.db import connections
+
+    make_group(1, slug="emea", is_default=True)
+    src, secret = services.source_create(slug="race", name="Race", actor="test")
+    body = b'{"email": "race@acme.example"}'
+    header = services.sign(secret=secret, body=body, timestamp=int(time.time()))
+    barrier = threading.Barrier(4)
+    codes: list[int] = []
+
+    def post() -> None:
+        try:
+            barrier.wait(timeout=10)
+            r = Client().post(
+                "/api/v1/hooks/race/", body, content_type="application/json", headers={"X-Signature": header}
+            )
+            codes.append(r.status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=post) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(codes) == [201, 401, 401, 401]
+    assert Lead.objects.filter(email="race@acme.example").count() == 1
