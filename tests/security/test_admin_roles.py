@@ -221,3 +221,23 @@ def test_admin_login_is_throttled_against_guessing(settings):
     assert not login("the-right-password")
     # ... while the same user from elsewhere is not.
     assert login("the-right-password", addr="10.255.255.254")
+
+
+@pytest.mark.parametrize(("role", "allowed"), [(MANAGERS, True), (SALES_OPS, False), (AUDITORS, False)])
+def test_only_managers_reassign_and_work_the_queue(role, allowed, lead):
+    from leads.models import Assignment
+
+    client = staff(role)
+    other = Assignment.objects.exclude(rep_id=lead.owner_id).values_list("rep_id", flat=True).first()
+    rep_id = other or lead.group.memberships.exclude(rep_id=lead.owner_id).values_list("rep_id", flat=True).first()
+    assert client.get(f"/admin/leads/lead/{lead.pk}/reassign/").status_code == (200 if allowed else 403)
+    r = client.post(f"/admin/leads/lead/{lead.pk}/reassign/", {"rep": rep_id, "reason": "customer asked"})
+    assert r.status_code == (302 if allowed else 403)
+    assert (Lead.objects.get(pk=lead.pk).owner_id == rep_id) == allowed
+    # The bulk actions are offered to managers only; a forged POST of one does nothing.
+    before = Lead.objects.get(pk=lead.pk).owner_id
+    client.post("/admin/leads/lead/", {"action": "close_lost", "_selected_action": [lead.pk]})
+    after = Lead.objects.get(pk=lead.pk)
+    assert (after.status == "closed") == allowed
+    if not allowed:
+        assert after.owner_id == before
