@@ -21,6 +21,8 @@ from django.utils import timezone
 
 from rotation.models import Absence, Group, Membership, Rep, RotationState
 
+from .models import Lead
+
 
 def _qn(name: str) -> str:
     return connection.ops.quote_name(name)
@@ -146,3 +148,17 @@ def rotation_advance(state: RotationState) -> None:
             "WHERE group_id = %s",
             [state.pointer, json.dumps(state.current_weights), state.turns, state.updated_at, state.group_id],
         )
+
+
+def open_lead_may_exist(*, email_normalized: str, statuses: tuple[str, ...], since: datetime) -> bool:
+    """The dedup check's common answer (no open lead for this email) in one cheap statement on
+    PostgreSQL; True elsewhere, or when there is one (the caller then loads it with the ORM)."""
+    if connection.vendor != "postgresql":
+        return True
+    table = _qn(Lead._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {table} WHERE email_normalized = %s AND status = ANY(%s) AND created_at >= %s LIMIT 1",  # noqa: S608
+            [email_normalized, [str(s) for s in statuses], since],
+        )
+        return cursor.fetchone() is not None

@@ -21,7 +21,7 @@ from rotation.models import Group, Rep, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
 from routing_project import metrics
 
-from . import notify, ownership, routing, scheduling
+from . import notify, ownership, routing, routing_sql, scheduling
 from .models import DEDUP_STATUSES, ApiClient, Assignment, IdempotencyRecord, Lead, LeadStatus
 
 logger = logging.getLogger(__name__)
@@ -226,16 +226,16 @@ def _intake_locked(
     # Dedup: under the email's lock, so two concurrent posts of one address cannot both pass.
     routing.lock_email(email_normalized)
     window = resolution.group.dedup_days if resolution.group else 30
-    existing = (
-        Lead.objects.filter(
-            email_normalized=email_normalized,
-            status__in=DEDUP_STATUSES,
-            created_at__gte=now - timedelta(days=window),
+    since = now - timedelta(days=window)
+    existing = None
+    # Most leads are new: a cheap existence check first, the full load only for a duplicate.
+    if routing_sql.open_lead_may_exist(email_normalized=email_normalized, statuses=DEDUP_STATUSES, since=since):
+        existing = (
+            Lead.objects.filter(email_normalized=email_normalized, status__in=DEDUP_STATUSES, created_at__gte=since)
+            .select_related("group", "owner")
+            .order_by("-id")
+            .first()
         )
-        .select_related("group", "owner")
-        .order_by("-id")
-        .first()
-    )
     if existing is not None:
         audit_record_many(
             events=[
