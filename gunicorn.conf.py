@@ -1,7 +1,11 @@
 """Gunicorn settings for the web process.
 
-Routing is I/O bound (one short transaction per lead), so a few sync workers per core with
-a couple of threads each keep the database busy without convoys on a hot group's row lock.
+One process per core, two threads each (gthread). Intake costs about 10-15 ms of CPU per lead
+on a small machine (Django, DRF) around a transaction of a few milliseconds, so the web tier
+is CPU-bound: two threads per process overlap the database round trips, and more processes
+than cores only make the request that holds a group's rotation lock wait for a CPU, which
+lengthens the lock for everybody behind it (`make bench`: 2 x 2 beat 4 x 2 on 2 cores, on
+both rate and p99). Raise WEB_WORKERS with the cores, not beyond.
 """
 
 import multiprocessing
@@ -9,7 +13,7 @@ import os
 import shutil
 import tempfile
 
-workers = int(os.environ.get("WEB_WORKERS", multiprocessing.cpu_count() * 2))
+workers = int(os.environ.get("WEB_WORKERS", multiprocessing.cpu_count()))
 threads = int(os.environ.get("WEB_THREADS", 2))
 worker_class = "gthread"
 timeout = int(os.environ.get("WEB_TIMEOUT", 30))
