@@ -142,13 +142,14 @@ def broker_at(url: str) -> Iterator[None]:
         app.amqp._producer_pool = None
         scheduling.publish_reset()
 
-    saved = app.conf.broker_url
-    app.conf.broker_url = url
+    # Both settings: Celery resolves the write URL once from the broker URL at configuration.
+    saved = app.conf.broker_url, app.conf.broker_write_url
+    app.conf.broker_url = app.conf.broker_write_url = url
     reset_pools()
     try:
         yield
     finally:
-        app.conf.broker_url = saved
+        app.conf.broker_url, app.conf.broker_write_url = saved
         reset_pools()
 
 
