@@ -166,10 +166,13 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
 
+    def queued(self) -> int:
+        return int(self.redis.llen("celery"))  # type: ignore[arg-type]
+
     def wait_drained(self, timeout: float = 300) -> None:
         """Until the worker has taken every message off the queue (ETA tasks into memory)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.redis.llen("celery") > 0:
+        while time.monotonic() < deadline and self.queued() > 0:
             time.sleep(0.5)
         time.sleep(5)
 
