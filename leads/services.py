@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -369,3 +369,12 @@ def _intake_locked(
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value else None
+
+
+def idempotency_purge(*, now: datetime | None = None) -> int:
+    """Deletes idempotency records past their retention (IDEMPOTENCY_TTL_HOURS, at least 24 h).
+
+    Expired records are also ignored by the claim, so this only keeps the table small."""
+    cutoff = (now or timezone.now()) - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
+    return deleted

@@ -66,3 +66,11 @@ def queue_drain_sweep() -> int:
     """Beat: drains every group with queued leads (capacity freed by time alone, e.g. an
     absence that ran out, is announced by no write)."""
     return actions.queue_drain_all()
+
+
+@shared_task(ignore_result=True)
+def idempotency_purge() -> int:
+    """Drops idempotency keys past their retention (hourly)."""
+    from .services import idempotency_purge as purge
+
+    return purge()

@@ -184,6 +184,11 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS.setdefault("polling_interval", 0.2)
 CELERY_BEAT_SCHEDULE.update(
     {
+        "idempotency-purge": {
+            "task": "leads.tasks.idempotency_purge",
+            "schedule": 3600.0,
+            "options": {"expires": 3600},
+        },
         # `expires`: a beat that piles up while the worker is busy or away is dropped, not replayed.
         "escalation-sweep": {
             "task": "leads.tasks.escalation_sweep",

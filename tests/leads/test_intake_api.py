@@ -362,3 +362,21 @@ def test_schema_docs_and_health(client, db):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["database"] == "ok"
+
+
+def test_idempotency_keys_are_kept_for_their_retention_then_purged(api, make_group, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from leads.services import idempotency_purge
+
+    settings.IDEMPOTENCY_TTL_HOURS = 24
+    make_group(1, slug="emea")
+    body = lead_body(group="emea")
+    first = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "keep"})
+    assert idempotency_purge(now=timezone.now() + timedelta(hours=23)) == 0
+    again = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "keep"})
+    assert again.status_code == 200 and again.content == first.content
+    assert idempotency_purge(now=timezone.now() + timedelta(hours=25)) == 1
+    assert not IdempotencyRecord.objects.exists()
