@@ -510,17 +510,8 @@ def lead_reroute(*, lead_id: int, actor: str) -> Lead:
             _queue(lead, f"group '{group.slug}' is inactive")
         else:
             assert state is not None
-            facts = routing.member_facts(group, now)
             # As at intake: the account owner when eligible (rotation untouched), else the rotation.
-            decision = ownership.owner_decide(
-                owner=resolution.owner,
-                group=group,
-                strategy=group.strategy,
-                pointer=state.pointer,
-                current_weights=state.current_weights or {},
-                facts=facts,
-                now=now,
-            )
+            facts, decision = ownership.group_decide(owner=resolution.owner, group=group, state=state, now=now)
             explanation.update({"group": group.slug, "strategy": group.strategy, **decision.explanation()})
             if decision.rep_id is None:
                 _queue(
@@ -669,16 +660,8 @@ def _drain_one(group_id: int, passed: set[int], actor: str) -> str:
         return "empty"
     now = timezone.now()
     had = set(Assignment.objects.filter(lead=lead).values_list("rep_id", flat=True))
-    facts = routing.member_facts(group, now)
-    decision = ownership.owner_decide(
-        owner=ownership.account_owner_lookup(email=lead.email),
-        group=group,
-        strategy=group.strategy,
-        pointer=state.pointer,
-        current_weights=state.current_weights or {},
-        facts=facts,
-        now=now,
-        exclude=had,
+    facts, decision = ownership.group_decide(
+        owner=ownership.account_owner_lookup(email=lead.email), group=group, state=state, now=now, exclude=had
     )
     if decision.rep_id is None:
         if had or decision.queue_reason:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from rotation.eligibility import MemberFacts, eligibility
-from rotation.models import Account, Group
+from rotation.models import Account, Group, RotationState
 
 from . import routing
 
@@ -119,3 +119,22 @@ def owner_decide(
     )
     decision.notes["owner_match"] = note
     return decision
+
+
+def group_decide(
+    *, owner: OwnerHint | None, group: Group, state: RotationState, now: datetime, exclude: Iterable[int] = ()
+) -> tuple[list[MemberFacts], routing.Decision]:
+    """The step every routing path shares: read the members now (after the rotation lock,
+    when routing for real) and decide from the group's rotation state."""
+    facts = routing.member_facts(group, now)
+    decision = owner_decide(
+        owner=owner,
+        group=group,
+        strategy=group.strategy,
+        pointer=state.pointer,
+        current_weights=state.current_weights or {},
+        facts=facts,
+        now=now,
+        exclude=exclude,
+    )
+    return facts, decision

@@ -290,17 +290,8 @@ def _intake_locked(
         if not group.active:
             lead.status, lead.queue_reason = LeadStatus.QUEUED, f"group '{group.slug}' is inactive"
         else:
-            facts = routing.member_facts(group, now)
             # The account owner when eligible (rotation untouched), else the rotation.
-            decision = ownership.owner_decide(
-                owner=resolution.owner,
-                group=group,
-                strategy=group.strategy,
-                pointer=state.pointer,
-                current_weights=state.current_weights or {},
-                facts=facts,
-                now=now,
-            )
+            facts, decision = ownership.group_decide(owner=resolution.owner, group=group, state=state, now=now)
             explanation.update(decision.explanation())
             if decision.rep_id is None:
                 lead.status = LeadStatus.QUEUED

@@ -15,7 +15,7 @@ from django.utils import timezone
 from rotation.eligibility import eligibility
 from rotation.models import Group, RotationState
 
-from . import ownership, routing
+from . import ownership
 from .models import DEDUP_STATUSES, Lead
 from .services import lead_resolve_group, normalize_email
 
@@ -60,16 +60,7 @@ def routing_simulate(*, data: dict[str, Any], requested: Group | None) -> dict[s
         result["queue_reason"] = f"group '{group.slug}' is inactive"
         return result
     state = RotationState.objects.filter(group=group).first() or RotationState(group=group)
-    facts = routing.member_facts(group, now)
-    decision = ownership.owner_decide(
-        owner=resolution.owner,
-        group=group,
-        strategy=group.strategy,
-        pointer=state.pointer,
-        current_weights=state.current_weights or {},
-        facts=facts,
-        now=now,
-    )
+    facts, decision = ownership.group_decide(owner=resolution.owner, group=group, state=state, now=now)
     described = {c["rep"]: c for c in decision.candidates}
     for f in facts:
         ok, why = eligibility(f, now)
