@@ -38,9 +38,15 @@ def audit_record(
 
 def audit_record_many(*, events: Iterable[Event], request_id: str | None = None) -> list[AuditEvent]:
     """Writes several events in one INSERT (inside the caller's transaction)."""
+    return AuditEvent.objects.bulk_create(audit_build(events=events, request_id=request_id))
+
+
+def audit_build(*, events: Iterable[Event], request_id: str | None = None) -> list[AuditEvent]:
+    """The rows `audit_record_many` writes, unsaved: for a caller that writes them in a
+    statement of its own (intake writes a lead and its events in one)."""
     now = timezone.now()
     rid = request_id if request_id is not None else request_id_var.get()
-    rows = [
+    return [
         AuditEvent(
             type=e.type,
             at=now,
@@ -53,7 +59,6 @@ def audit_record_many(*, events: Iterable[Event], request_id: str | None = None)
         )
         for e in events
     ]
-    return AuditEvent.objects.bulk_create(rows)
 
 
 def audit_record_bulk(*, events: Iterable[Event], request_id: str | None = None) -> int:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from notifications.services import outbox_add
+from notifications.models import OutboxMessage
+from notifications.services import outbox_announce_on_commit, outbox_message
 from rotation.models import Group
 
 from .models import Lead
@@ -58,6 +59,16 @@ def lead_notify(
 ) -> None:
     """Announces that `lead` now belongs to `lead.owner` (event "lead.assigned" or
     "lead.escalated"), to the webhooks of `group` (default: the lead's group)."""
+    message = lead_outbox_message(lead=lead, event=event, reason=reason, attempt=attempt, at=at, group=group)
+    message.save(force_insert=True)
+    outbox_announce_on_commit(message.id)
+
+
+def lead_outbox_message(
+    *, lead: Lead, event: str, reason: str, attempt: int, at: datetime | None = None, group: Group | None = None
+) -> OutboxMessage:
+    """The outbox row `lead_notify` writes, unsaved (intake writes it with the lead, whose id
+    it does not have yet: routing_sql.lead_insert_with puts it in the payload)."""
     if group is None:
         payload = lead_payload(lead, reason=reason, attempt=attempt)
         group_id = lead.group_id
@@ -65,4 +76,7 @@ def lead_notify(
         values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes")}
         payload = lead_payload_values(values, group.slug, reason=reason, attempt=attempt)
         group_id = group.id
-    outbox_add(event=event, lead_id=lead.id, group_id=group_id, rep_id=lead.owner_id, payload=payload, at=at)
+    # A lead not written yet has no id: its writer fills it in (0 meanwhile).
+    return outbox_message(
+        event=event, lead_id=lead.id or 0, group_id=group_id, rep_id=lead.owner_id, payload=payload, at=at
+    )

@@ -21,6 +21,7 @@ from datetime import datetime
 
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Account, Group, RotationState
+from routing_project import configcache
 
 from . import routing
 
@@ -42,6 +43,10 @@ def account_owner_lookup(*, email: str) -> OwnerHint | None:
     domain = email_domain(email)
     if not domain:
         return None
+    return configcache.cached("account-owner", domain, lambda: _account_owner_load(domain))
+
+
+def _account_owner_load(domain: str) -> OwnerHint | None:
     owner_id = Account.objects.filter(domain=domain, owner__active=True).values_list("owner_id", flat=True).first()
     return OwnerHint(owner_id, domain) if owner_id is not None else None
 

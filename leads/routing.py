@@ -252,15 +252,23 @@ def decide(
 
 def advance(state: RotationState, decision: Decision) -> None:
     """Writes the new rotation position (only when the rotation chose a rep)."""
-    if decision.rep_id is None or decision.reason != "rotation":
+    if not advance_apply(state, decision):
         return
-    state.pointer = decision.pointer_after
-    state.current_weights = decision.weights_after
-    state.turns += 1
     if connection.vendor == "postgresql":
         routing_sql.rotation_advance(state)  # under the lock: the same UPDATE, without the ORM's compile cost
     else:
         state.save(update_fields=["pointer", "current_weights", "turns", "updated_at"])
+
+
+def advance_apply(state: RotationState, decision: Decision) -> bool:
+    """Moves `state` to the decision's position in memory; False when the rotation does not
+    move (no rep, or the account owner took the lead). The caller writes it (see `advance`)."""
+    if decision.rep_id is None or decision.reason != "rotation":
+        return False
+    state.pointer = decision.pointer_after
+    state.current_weights = decision.weights_after
+    state.turns += 1
+    return True
 
 
 def sla_due(group: Group, now: datetime) -> datetime | None:

@@ -16,7 +16,7 @@ from functools import cache
 from typing import Any
 
 from django.db import connection
-from django.db.models import Field
+from django.db.models import Field, Model
 from django.utils import timezone
 
 from rotation.models import Absence, Group, Membership, Rep, RotationState
@@ -162,3 +162,77 @@ def open_lead_may_exist(*, email_normalized: str, statuses: tuple[str, ...], sin
             [email_normalized, [str(s) for s in statuses], since],
         )
         return cursor.fetchone() is not None
+
+
+# --- the intake's writes, in one statement -----------------------------------------------------
+
+LEAD_ID = "(SELECT id FROM new_lead)"  # in a dependent row: the id of the lead inserted with it
+
+
+@cache
+def _insert_fields(model: type[Model]) -> list[Field]:
+    return [f for f in model._meta.concrete_fields if not f.primary_key]
+
+
+def _values(model: type[Model], obj: Model, refs: dict[str, str], params: list[Any]) -> str:
+    """One row's `(...)` of an INSERT ... VALUES, the fields' own preparation applied (as the
+    ORM's insert would); `refs` puts SQL in place of a field's value (%s: the value)."""
+    parts = []
+    for f in _insert_fields(model):
+        ref = refs.get(f.attname)
+        if ref is not None and "%s" not in ref:
+            parts.append(ref)
+            continue
+        params.append(f.get_db_prep_save(f.pre_save(obj, True), connection))  # type: ignore[attr-defined]
+        parts.append(ref or "%s")
+    return f"({', '.join(parts)})"
+
+
+def _insert(model: type[Model], objs: list[Model], refs: dict[str, str], params: list[Any]) -> str:
+    columns = ", ".join(_qn(f.column) for f in _insert_fields(model))
+    rows = ", ".join(_values(model, obj, refs, params) for obj in objs)
+    return f"INSERT INTO {_qn(model._meta.db_table)} ({columns}) VALUES {rows} RETURNING id"  # noqa: S608
+
+
+def lead_insert_with(
+    lead: Lead, dependents: list[tuple[list[Model], dict[str, str]]], advance: RotationState | None
+) -> list[int | None]:
+    """INSERTs the lead and the rows that go with it (assignment, audit events, outbox), and
+    UPDATEs the rotation row when `advance` is given, in one statement (data-modifying CTEs):
+    under a hot group's lock, every round trip saved is saved once per lead for the whole
+    group. `dependents` are (rows of one model, {field: SQL}) with LEAD_ID where the new
+    lead's id goes. Returns the lead's id, then the first id of each dependent's rows."""
+    params: list[Any] = []
+    ctes = [f"new_lead AS ({_insert(Lead, [lead], {}, params)})"]
+    for n, (objs, refs) in enumerate(dependents):
+        ctes.append(f"d{n} AS ({_insert(type(objs[0]), objs, refs, params)})")
+    if advance is not None:
+        advance.updated_at = timezone.now()
+        ctes.append(
+            f"advance AS (UPDATE {_qn(RotationState._meta.db_table)} SET pointer = %s, "  # noqa: S608
+            "current_weights = %s::jsonb, turns = %s, updated_at = %s WHERE group_id = %s)"
+        )
+        params += [
+            advance.pointer,
+            json.dumps(advance.current_weights),
+            advance.turns,
+            advance.updated_at,
+            advance.group_id,
+        ]
+    selects = ["(SELECT id FROM new_lead)", *(f"(SELECT min(id) FROM d{n})" for n in range(len(dependents)))]  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(selects)}", params)
+        row = cursor.fetchone()
+    assert row is not None
+    return list(row)
+
+
+def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> None:
+    """The routing transaction's first statement: its lock timeout (SET LOCAL) and the email's
+    advisory lock, which serializes intake of one address so two concurrent posts cannot both
+    miss dedup. The dedup check must be a later statement: its snapshot has to follow the lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"{lock_timeout_ms}ms", email_normalized],
+        )

@@ -12,14 +12,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from audit.services import Event, audit_record_many
+from audit.services import Event, audit_build, audit_record_many
+from notifications.services import outbox_announce_on_commit
 from rotation.models import Group, Rep, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
-from routing_project import metrics
+from routing_project import configcache, metrics
 
 from . import notify, ownership, routing, routing_sql, scheduling
 from .models import DEDUP_STATUSES, ApiClient, Assignment, IdempotencyRecord, Lead, LeadStatus
@@ -77,10 +78,24 @@ def request_fingerprint(data: Any) -> str:
 
 
 def active_rules() -> list[RuleSpec]:
+    return configcache.cached("rules", None, _active_rules_load)
+
+
+def _active_rules_load() -> list[RuleSpec]:
     return [
         RuleSpec(r.id, r.name, r.priority, r.conditions, r.group.slug)
         for r in RoutingRule.objects.filter(active=True).select_related("group")
     ]
+
+
+def group_by_slug(slug: str) -> Group | None:
+    """The group with this slug, from the configuration cache (shared: do not modify it)."""
+    return configcache.cached("group", slug, lambda: Group.objects.filter(slug=slug).first())
+
+
+def group_default() -> Group | None:
+    """The default group, from the configuration cache (shared: do not modify it)."""
+    return configcache.cached("group-default", None, lambda: Group.objects.filter(is_default=True).first())
 
 
 def lead_resolve_group(*, data: dict[str, Any], requested: Group | None) -> Resolution:
@@ -94,11 +109,11 @@ def lead_resolve_group(*, data: dict[str, Any], requested: Group | None) -> Reso
 def _resolve_group(*, data: dict[str, Any], requested: Group | None) -> Resolution:
     match = match_rules(active_rules(), lead_facts(data))
     if match.rule is not None:
-        group = Group.objects.filter(slug=match.rule.group_slug).first()
+        group = group_by_slug(match.rule.group_slug)
         return Resolution(group, match.rule.name, match.tried, "rule")
     if requested is not None:
         return Resolution(requested, None, match.tried, "requested")
-    default = Group.objects.filter(is_default=True).first()
+    default = group_default()
     if default is not None:
         return Resolution(default, None, match.tried, "default")
     return Resolution(None, None, match.tried, "none")
@@ -221,10 +236,14 @@ def _intake_locked(
 ) -> IntakeResult:
     now = timezone.now()
     email_normalized = normalize_email(data["email"])
-    routing.set_lock_timeout()
+    postgres = connection.vendor == "postgresql"
 
     # Dedup: under the email's lock, so two concurrent posts of one address cannot both pass.
-    routing.lock_email(email_normalized)
+    if postgres:  # the lock timeout and the email's lock in one statement
+        routing_sql.intake_begin(email_normalized=email_normalized, lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS)
+    else:
+        routing.set_lock_timeout()
+        routing.lock_email(email_normalized)
     window = resolution.group.dedup_days if resolution.group else 30
     since = now - timedelta(days=window)
     existing = None
@@ -308,26 +327,24 @@ def _intake_locked(
                 lead.assigned_at = now
                 lead.sla_due_at = routing.sla_due(group, now)
     lead.group = group
-    lead.save(force_insert=True)
 
-    events = [
-        Event(
-            AuditEvent.Type.LEAD_RECEIVED,
-            actor,
-            lead.id,
-            group.slug if group else "",
-            None,
-            {
-                "source": lead.source,
-                "external_id": lead.external_id,
-                "requested_group": lead.requested_group or None,
-                "client": client.name if client else None,
-            },
-        )
-    ]
+    received = Event(
+        AuditEvent.Type.LEAD_RECEIVED,
+        actor,
+        None,  # the lead's id, once written
+        group.slug if group else "",
+        None,
+        {
+            "source": lead.source,
+            "external_id": lead.external_id,
+            "requested_group": lead.requested_group or None,
+            "client": client.name if client else None,
+        },
+    )
+    assignment = outbox = None
+    advanced = False
     if decision is not None and decision.rep_id is not None and state is not None:
-        assignment = Assignment.objects.create(
-            lead=lead,
+        assignment = Assignment(
             rep_id=decision.rep_id,
             group=group,
             attempt=1,
@@ -335,21 +352,50 @@ def _intake_locked(
             started_at=now,
             due_at=lead.sla_due_at,
         )
-        # The SLA timer, published after commit; never blocks intake (the sweep catches up).
-        scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=lead.sla_due_at)
-        routing.advance(state, decision)
+        advanced = routing.advance_apply(state, decision)
         # Webhook and e-mail: an outbox row in this transaction, delivered by Celery after commit.
-        notify.lead_notify(lead=lead, event="lead.assigned", reason=decision.reason, attempt=1, at=now)
+        outbox = notify.lead_outbox_message(lead=lead, event="lead.assigned", reason=decision.reason, attempt=1, at=now)
         explanation.update({"reason": decision.reason, "attempt": 1, "sla_due_at": _iso(lead.sla_due_at)})
-        events.append(
-            Event(AuditEvent.Type.LEAD_ASSIGNED, actor, lead.id, state.group.slug, decision.rep_id, explanation)
-        )
+        outcome = Event(AuditEvent.Type.LEAD_ASSIGNED, actor, None, state.group.slug, decision.rep_id, explanation)
     else:
         explanation["queue_reason"] = lead.queue_reason
-        events.append(
-            Event(AuditEvent.Type.LEAD_QUEUED, actor, lead.id, group.slug if group else "", None, explanation)
-        )
-    audit_record_many(events=events)
+        outcome = Event(AuditEvent.Type.LEAD_QUEUED, actor, None, group.slug if group else "", None, explanation)
+    events = audit_build(events=[received, outcome])
+
+    if postgres:
+        # The lead, its assignment, its audit events, the outbox row and the rotation's advance
+        # in one statement: the locked block's only write.
+        dependents: list[tuple[list[Any], dict[str, str]]] = [(events, {"lead_id": routing_sql.LEAD_ID})]
+        if assignment is not None and outbox is not None:
+            dependents.append(([assignment], {"lead_id": routing_sql.LEAD_ID}))
+            payload_with_id = f"jsonb_set(%s, '{{lead,id}}', to_jsonb({routing_sql.LEAD_ID}))"
+            dependents.append(([outbox], {"lead_id": routing_sql.LEAD_ID, "payload": payload_with_id}))
+        ids = routing_sql.lead_insert_with(lead, dependents, state if advanced else None)
+        lead.id = ids[0]
+        lead._state.adding = False
+        if assignment is not None and outbox is not None:
+            assignment.id, outbox.id = ids[2], ids[3]
+            outbox.lead_id = lead.id
+            outbox.payload["lead"]["id"] = lead.id
+    else:
+        lead.save(force_insert=True)
+        for event in events:
+            event.lead_id = lead.id
+        AuditEvent.objects.bulk_create(events)
+        if assignment is not None and outbox is not None and state is not None:
+            assignment.lead = lead
+            assignment.save(force_insert=True)
+            outbox.lead_id = lead.id
+            outbox.payload["lead"]["id"] = lead.id
+            outbox.save(force_insert=True)
+            if advanced:
+                state.save(update_fields=["pointer", "current_weights", "turns", "updated_at"])
+    if assignment is not None and outbox is not None:
+        assignment.lead = lead
+        # The SLA timer and the notification fan-out, published after commit; never block
+        # intake (the sweeps catch up).
+        scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=lead.sla_due_at)
+        outbox_announce_on_commit(outbox.id)
 
     # The answer is rendered under the lock only when it must be stored with the lead (an
     # Idempotency-Key); otherwise lead_intake renders it after commit.

@@ -53,11 +53,31 @@ def outbox_add(
 ) -> OutboxMessage:
     """Records a lead event to announce. Call it inside the transaction that made it happen:
     the row commits (or rolls back) with the assignment, and the fan-out runs after commit."""
-    message = OutboxMessage.objects.create(
+    message = outbox_message(event=event, lead_id=lead_id, group_id=group_id, rep_id=rep_id, payload=payload, at=at)
+    message.save(force_insert=True)
+    outbox_announce_on_commit(message.id)
+    return message
+
+
+def outbox_message(
+    *,
+    event: str,
+    lead_id: int,
+    group_id: int | None,
+    rep_id: int | None,
+    payload: dict[str, Any],
+    at: datetime | None = None,
+) -> OutboxMessage:
+    """The row `outbox_add` writes, unsaved, for a caller that writes it in a statement of its
+    own; it then calls `outbox_announce_on_commit` with the row's id."""
+    return OutboxMessage(
         event=event, lead_id=lead_id, group_id=group_id, rep_id=rep_id, payload=payload, created_at=at or timezone.now()
     )
-    transaction.on_commit(lambda: _enqueue("notifications.outbox_dispatch", message.id), robust=True)
-    return message
+
+
+def outbox_announce_on_commit(message_id: int) -> None:
+    """Fans the message out in Celery once the transaction commits (the sweep if that fails)."""
+    transaction.on_commit(lambda: _enqueue("notifications.outbox_dispatch", message_id), robust=True)
 
 
 def outbox_add_many(*, messages: list[dict[str, Any]]) -> int:

@@ -207,3 +207,18 @@ class Account(models.Model):
     def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         self.domain = self.domain.strip().lower()
         super().save(*args, **kwargs)
+
+
+class ConfigVersion(models.Model):
+    """One row whose number changes with every write to the configuration that intake reads
+    before it takes a lock: groups, rules, accounts, reps' active flag and API clients.
+
+    PostgreSQL triggers (migration 0002) set it from a sequence on every such statement, so a
+    number is never reused, not even after a rollback. Web processes keep that configuration
+    in memory and read only this number per request (routing_project/configcache.py)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    version = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"configuration version {self.version}"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from . import metrics
+from . import configcache, metrics
 from .logging import request_id_var
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
@@ -25,7 +25,8 @@ class RequestIdMiddleware:
         request.request_id = request_id  # type: ignore[attr-defined]
         token = request_id_var.set(request_id)
         try:
-            response = self.get_response(request)
+            with configcache.request_scope():  # one configuration version per request
+                response = self.get_response(request)
         finally:
             request_id_var.reset(token)
         response["X-Request-ID"] = request_id

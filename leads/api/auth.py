@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -13,8 +13,10 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from leads.models import ApiClient
+from routing_project import configcache
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+_last_used: dict[int, datetime] = {}  # client id -> when this process last wrote it
 
 
 class ClientPrincipal:
@@ -40,13 +42,23 @@ class BearerTokenAuthentication(BaseAuthentication):
         parts = header.split()
         if len(parts) != 2 or parts[0].lower() != "bearer":
             raise exceptions.AuthenticationFailed("Use 'Authorization: Bearer <token>'.")
-        client = ApiClient.objects.filter(token_hash=ApiClient.hash_token(parts[1]), active=True).first()
+        token_hash = ApiClient.hash_token(parts[1])
+        # From the configuration cache: revoking a token changes the version, so the next
+        # request reads it again (routing_project/configcache.py). Shared: never modified.
+        client = configcache.cached(
+            "client",
+            token_hash,
+            lambda: ApiClient.objects.filter(token_hash=token_hash, active=True).first(),
+            keep_none=False,
+        )
         if client is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
         now = timezone.now()
-        if client.last_used_at is None or now - client.last_used_at > LAST_USED_RESOLUTION:
-            # At most one write a minute per client: last-used is for humans, not for audit.
+        seen = max(filter(None, (client.last_used_at, _last_used.get(client.pk))), default=None)
+        if seen is None or now - seen > LAST_USED_RESOLUTION:
+            # At most one write a minute per client and process: last-used is for humans.
             ApiClient.objects.filter(pk=client.pk).update(last_used_at=now)
+            _last_used[client.pk] = now
         return ClientPrincipal(client), client
 
     def authenticate_header(self, request: Request) -> str:

@@ -25,7 +25,7 @@ from routing_project.filters import StrictFilterSet, UtcDateTimeFilter
 
 from .action_views import ACTION_SCOPES, LeadActionsMixin
 from .auth import actor_of
-from .serializers import AuditEventSerializer, LeadInSerializer, LeadSerializer
+from .serializers import AuditEventSerializer, LeadInSerializer, LeadSerializer, lead_document
 
 ERROR = inline_serializer("Error", fields={"detail": serializers.CharField()})
 VALIDATION_ERROR = OpenApiResponse(
@@ -57,7 +57,7 @@ class LeadFilter(StrictFilterSet):
 
 
 def render_lead(lead: Lead, duplicate_of: int | None) -> bytes:
-    return JSONRenderer().render(LeadSerializer(lead, context={"duplicate_of": duplicate_of}).data)
+    return JSONRenderer().render(lead_document(lead, duplicate_of))
 
 
 class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -1,0 +1,126 @@
+"""The configuration intake reads before any lock, kept in memory per process.
+
+Every intake resolves its client's token, the rules, its group and the account owning the
+email's domain before it takes a lock. Those are read far more often than they change, and
+on a small machine reading them with the ORM costs several milliseconds of CPU per lead.
+Each process keeps them in memory, under the configuration version (rotation.ConfigVersion):
+PostgreSQL triggers give it a new number, never reused, with every statement that writes
+groups, rules, accounts, reps' active flag or API clients. A request reads that number once
+(one indexed single-row SELECT) and uses the snapshot of that version for all its look-ups;
+a new number starts an empty snapshot. So a change is seen by the next request that starts
+after its commit, as when reading the tables directly, and never half.
+
+Nothing read under a rotation lock comes from here: members, eligibility, caps, the group's
+state and strategy are always read after the lock. On other databases (the embedded SQLite
+default) there is no version, and every look-up reads the tables.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+from django.db import connection
+
+T = TypeVar("T")
+
+# Each kind of look-up keeps at most this many keys per version (account domains, tokens);
+# past it the kind starts over, so a flood of unknown domains cannot grow a process.
+MAX_KEYS = 50_000
+
+_VERSION_SQL = "SELECT version FROM rotation_configversion WHERE id = 1"
+
+
+class Snapshot:
+    """The look-ups made under one configuration version."""
+
+    def __init__(self, version: int | None) -> None:
+        self.version = version
+        self._kinds: dict[str, dict[Hashable, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, kind: str, key: Hashable, loader: Callable[[], T], *, keep_none: bool = True) -> T:
+        if self.version is None:
+            return loader()
+        values = self._kinds.get(kind)
+        if values is not None and key in values:
+            return values[key]  # type: ignore[no-any-return]
+        value = loader()
+        if value is None and not keep_none:
+            return value
+        with self._lock:
+            values = self._kinds.setdefault(kind, {})
+            if len(values) >= MAX_KEYS:
+                values.clear()
+            values[key] = value
+        return value
+
+
+_latest = Snapshot(None)
+_bound: ContextVar[Snapshot | None] = ContextVar("config_snapshot", default=None)
+
+
+def config_version() -> int | None:
+    """The current configuration version, or None where there is none (not PostgreSQL, or the
+    row is missing, e.g. right after a TRUNCATE): then nothing is cached."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_VERSION_SQL)
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
+def snapshot() -> Snapshot:
+    """This request's snapshot (the version is read on the first look-up of the request);
+    outside a request (tasks, commands, tests calling services), the current one, read now."""
+    bound = _bound.get()
+    if bound is not None:
+        return bound
+    snap = _current()
+    if _scoped.get():
+        _bound.set(snap)
+    return snap
+
+
+def _current() -> Snapshot:
+    global _latest
+    version = config_version()
+    if version is None:
+        return Snapshot(None)
+    latest = _latest
+    if latest.version == version:
+        return latest
+    fresh = Snapshot(version)
+    _latest = fresh
+    return fresh
+
+
+_scoped: ContextVar[bool] = ContextVar("config_scoped", default=False)
+
+
+class request_scope:
+    """Within it, every look-up uses the snapshot of the version read at the first one (the
+    request middleware opens one per request)."""
+
+    def __enter__(self) -> None:
+        self._tokens = (_scoped.set(True), _bound.set(None))
+
+    def __exit__(self, *exc: object) -> None:
+        scoped, bound = self._tokens
+        _bound.reset(bound)
+        _scoped.reset(scoped)
+
+
+def cached(kind: str, key: Hashable, loader: Callable[[], T], *, keep_none: bool = True) -> T:
+    """`loader()`, or its value for `key` under the current configuration version (a None
+    is kept too unless `keep_none` is false: unknown tokens are not worth remembering)."""
+    return snapshot().get(kind, key, loader, keep_none=keep_none)
+
+
+def clear() -> None:
+    """Forgets everything cached in this process (tests)."""
+    global _latest
+    _latest = Snapshot(None)
