@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from rotation.models import Rep
@@ -77,7 +77,65 @@ def outbox_message(
 
 def outbox_announce_on_commit(message_id: int) -> None:
     """Fans the message out in Celery once the transaction commits (the sweep if that fails)."""
-    transaction.on_commit(lambda: _enqueue("notifications.outbox_dispatch", message_id), robust=True)
+    transaction.on_commit(lambda: _announce(message_id), robust=True)
+
+
+# One drain task serves every message committed while it waits: intake commits hundreds of
+# messages a second, and publishing a task per message cost more CPU than the rest of the
+# routing. The flag (Redis, SET NX) says "a drain is queued"; the drain clears it *before* it
+# reads the outbox, and a publisher sets it *after* its commit, so a message either finds the
+# flag clear and publishes a drain, or finds it set by a drain that has not read yet and will
+# see the message. The flag expires, so a lost drain task delays nothing past DRAIN_FLAG_TTL_MS
+# (and the sweep remains the safety net).
+DRAIN_FLAG_TTL_MS = 10_000
+
+
+class _Flag:
+    client: Any = None
+
+
+def _drain_flag() -> tuple[Any, str] | None:
+    """The Redis client and key of the drain flag; None without Redis (one task per message)."""
+    url = settings.REDIS_URL
+    if not url or not settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        return None
+    if _Flag.client is None:
+        import redis
+
+        _Flag.client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    # Per database: deployments and parallel test runs sharing a Redis stay apart.
+    return _Flag.client, f"notify:drain-queued:{connection.settings_dict.get('NAME')}"
+
+
+def _announce(message_id: int) -> None:
+    global _down_until
+    flag = _drain_flag()
+    if flag is None:
+        _enqueue("notifications.outbox_dispatch", message_id)
+        return
+    if time.monotonic() < _down_until:
+        return  # the broker is down: the sweep delivers
+    client, key = flag
+    try:
+        queued = client.set(key, "1", nx=True, px=DRAIN_FLAG_TTL_MS)
+    except Exception as exc:  # noqa: BLE001 - any Redis error: the periodic sweep delivers later
+        _down_until = time.monotonic() + getattr(settings, "BROKER_PUBLISH_BACKOFF_S", 5.0)
+        logger.warning("notification drain not enqueued (%s); the sweep will deliver it", type(exc).__name__)
+        return
+    if queued:
+        _enqueue("notifications.outbox_drain", None)
+
+
+def drain_flag_clear() -> None:
+    """Called by the drain before it reads the outbox (see above)."""
+    flag = _drain_flag()
+    if flag is None:
+        return
+    client, key = flag
+    try:
+        client.delete(key)
+    except Exception:  # noqa: BLE001 - the flag expires by itself
+        logger.warning("notification drain flag not cleared; it expires in %d ms", DRAIN_FLAG_TTL_MS)
 
 
 def outbox_add_many(*, messages: list[dict[str, Any]]) -> int:

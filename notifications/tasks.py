@@ -15,7 +15,8 @@ def outbox_dispatch(message_id: int) -> int:
 
 @shared_task(name="notifications.outbox_drain", acks_late=True)
 def outbox_drain() -> int:
-    """Fans out every undispatched message (after a bulk import), in chunks."""
+    """Fans out every undispatched message (after intake or a bulk import), in chunks."""
+    services.drain_flag_clear()  # first: a message committed from now on publishes a new drain
     total = 0
     while n := services.outbox_dispatch_pending(older_than_s=0):
         total += n

@@ -280,3 +280,25 @@ def test_the_endpoint_secret_is_shown_once_and_can_be_rotated(admin_client, make
     )
     endpoint.refresh_from_db()
     assert endpoint.secret != old and endpoint.secret in r.content.decode()
+
+
+@pytest.mark.postgres
+def test_one_drain_is_published_for_messages_committed_while_one_is_queued(
+    post_lead, make_group, monkeypatch, django_capture_on_commit_callbacks
+):
+    make_group(2, slug="emea")
+    published: list[str] = []
+    monkeypatch.setattr(services, "_enqueue", lambda name, arg: published.append(name))
+    services.enqueue_reset()
+    services.drain_flag_clear()
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            assert post_lead(group="emea").status_code == 201
+    assert published == ["notifications.outbox_drain"]  # the later two found it queued
+    # The drain clears the flag before reading: it fans out all three, and the next commit
+    # publishes a new drain.
+    assert tasks.outbox_drain() == 3
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post_lead(group="emea").status_code == 201
+    assert published == ["notifications.outbox_drain"] * 2
+    services.drain_flag_clear()
