@@ -95,16 +95,19 @@ class _Flag:
 
 
 def _drain_flag() -> tuple[Any, str] | None:
-    """The Redis client and key of the drain flag; None without Redis (one task per message)."""
-    url = settings.REDIS_URL
-    if not url or not settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    """The broker's Redis client and the drain flag's key; None when the broker is not Redis
+    (then one task per message)."""
+    url = settings.CELERY_BROKER_URL
+    if not url.startswith(("redis://", "rediss://")):
         return None
     if _Flag.client is None:
         import redis
 
         _Flag.client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
-    # Per database: deployments and parallel test runs sharing a Redis stay apart.
-    return _Flag.client, f"notify:drain-queued:{connection.settings_dict.get('NAME')}"
+    # Beside the broker's own keys (a purge of the queue takes the flag with it), per database:
+    # deployments and parallel test runs sharing a Redis stay apart.
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
+    return _Flag.client, f"{prefix}notify:drain-queued:{connection.settings_dict.get('NAME')}"
 
 
 def _announce(message_id: int) -> None:
