@@ -10,6 +10,7 @@ keeps using); the column lists come from the models, so a new field is picked up
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -200,7 +201,7 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _insert(model: type[Model], objs: list[Model], refs: dict[str, str], params: list[Any]) -> str:
+def _insert(model: type[Model], objs: Sequence[Model], refs: dict[str, str], params: list[Any]) -> str:
     """INSERT ... SELECT of `objs` from one JSON parameter (jsonb_populate_recordset: PostgreSQL
     converts each value to its column's type), so the statement has a handful of parameters
     whatever the number of columns and rows: psycopg then caches its conversion and prepares
@@ -262,3 +263,79 @@ def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> None:
             "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0))",
             [f"{lock_timeout_ms}ms", email_normalized],
         )
+
+
+# --- batches: several intakes in one transaction (leads/batching.py) ---------------------------
+
+
+def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> None:
+    """`intake_begin` for a batch: the lock timeout, then every email's advisory lock, taken
+    in the order given (callers sort the emails, so two batches never wait on each other in a
+    cycle; a single intake holds one email lock)."""
+    with _cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout_ms}ms"])
+        cursor.execute(
+            "SELECT count(pg_advisory_xact_lock(hashtextextended(e, 0))) FROM unnest(%s::text[]) AS e", [emails]
+        )
+
+
+def open_leads_newest(*, emails: list[str], statuses: tuple[str, ...], since: datetime) -> dict[str, datetime]:
+    """For each of these emails with a lead in `statuses` created since `since`: the newest
+    one's creation time (the batch's dedup check, one statement)."""
+    table = _qn(Lead._meta.db_table)
+    with _cursor() as cursor:
+        cursor.execute(
+            f"SELECT email_normalized, max(created_at) FROM {table} "  # noqa: S608 - identifiers from the models
+            "WHERE email_normalized = ANY(%s::text[]) AND status = ANY(%s::text[]) AND created_at >= %s "
+            "GROUP BY email_normalized",
+            [emails, [str(s) for s in statuses], since],
+        )
+        return dict(cursor.fetchall())
+
+
+def leads_insert(leads: list[Lead]) -> None:
+    """INSERTs a batch's leads in one statement and sets their ids (in the order given: a
+    sequence numbers the rows of one INSERT in order)."""
+    params: list[Any] = []
+    with _cursor() as cursor:
+        cursor.execute(_insert(Lead, leads, {}, params), params)
+        ids = sorted(row[0] for row in cursor.fetchall())
+    for lead, lead_id in zip(leads, ids, strict=True):
+        lead.id = lead_id
+        lead._state.adding = False
+
+
+def rows_insert_and_advance(dependents: list[list[Model]], advances: list[RotationState]) -> list[list[int]]:
+    """INSERTs a batch's other rows (lists of one model each: assignments, audit events,
+    outbox rows) and UPDATEs the rotation rows it advanced, in one statement; returns each
+    list's ids in the order given."""
+    params: list[Any] = []
+    ctes, selects = [], []
+    for n, objs in enumerate(dependents):
+        if objs:
+            ctes.append(f"d{n} AS ({_insert(type(objs[0]), objs, {}, params)})")
+            selects.append(f"(SELECT array_agg(id ORDER BY id) FROM d{n})")  # noqa: S608
+        else:
+            selects.append("NULL")
+    if advances:
+        now = timezone.now()
+        for state in advances:
+            state.updated_at = now
+        rows = [
+            {"group_id": s.group_id, "pointer": s.pointer, "weights": s.current_weights, "turns": s.turns}
+            for s in advances
+        ]
+        table = _qn(RotationState._meta.db_table)
+        ctes.append(
+            f"advance AS (UPDATE {table} s SET pointer = v.pointer, current_weights = v.weights, "  # noqa: S608
+            "turns = v.turns, updated_at = %s FROM jsonb_to_recordset(%s::jsonb) "
+            "AS v(group_id bigint, pointer integer, weights jsonb, turns integer) WHERE s.group_id = v.group_id)"
+        )
+        params += [now, json.dumps(rows)]
+    if not ctes:
+        return [[] for _ in dependents]
+    with _cursor() as cursor:
+        cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(selects) or 'NULL'}", params)
+        row = cursor.fetchone()
+    assert row is not None
+    return [list(ids or []) for ids in row[: len(dependents)]]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,12 +18,15 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import Event, audit_build, audit_record_many
+from notifications.models import OutboxMessage
 from notifications.services import outbox_announce_on_commit
-from rotation.models import Group, Rep, RoutingRule
+from rotation.eligibility import MemberFacts
+from rotation.models import Group, Rep, RotationState, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
 from routing_project import configcache, metrics
+from routing_project.logging import request_id_var
 
-from . import notify, ownership, routing, routing_sql, scheduling
+from . import batching, notify, ownership, routing, routing_sql, scheduling
 from .models import DEDUP_STATUSES, ApiClient, Assignment, IdempotencyRecord, Lead, LeadStatus
 
 logger = logging.getLogger(__name__)
@@ -177,6 +181,25 @@ def _idempotency_store(record: IdempotencyRecord | None, *, status: int, body: b
 # --- intake ----------------------------------------------------------------------------------
 
 
+@dataclass
+class IntakeJob(batching.Waiter):
+    """One validated lead to route, with what was resolved before any lock."""
+
+    data: dict[str, Any]
+    raw: dict[str, Any]
+    requested: Group | None
+    resolution: Resolution
+    client: ApiClient | None
+    actor: str
+    request_id: str
+    email_normalized: str
+    result: IntakeResult | None = None
+    error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        batching.Waiter.__init__(self)
+
+
 def lead_intake(
     *,
     data: dict[str, Any],
@@ -192,29 +215,48 @@ def lead_intake(
     Before the lock: rules and group resolution. In one transaction: the email's advisory
     lock and the dedup check, the group's rotation row lock, eligibility read after it, the
     pick, the lead and its assignment, the rotation advance, the audit events, and the
-    stored idempotent response.
+    stored idempotent response. On PostgreSQL, concurrent intakes of one process share that
+    transaction (leads/batching.py), except those with an Idempotency-Key.
     """
     resolution = lead_resolve_group(data=data, requested=requested)
-    slug = resolution.group.slug if resolution.group else None
-    metrics.lead_received(group=slug)
+    metrics.lead_received(group=resolution.group.slug if resolution.group else None)
     started = time.perf_counter()
+    rid = request_id_var.get()
+    job = IntakeJob(
+        data, raw or {}, requested, resolution, client, actor, "" if rid == "-" else rid, normalize_email(data["email"])
+    )
+    if idempotency is None and connection.vendor == "postgresql" and settings.INTAKE_BATCH_MAX > 1:
+        _combiner().submit(job)
+        if job.error is not None:
+            raise job.error
+        if job.result is None:
+            raise RuntimeError("intake batch ended without routing this lead")
+        result = job.result
+    else:
+        result = _intake_one(job, render, idempotency)
+    if not result.body:
+        result.body = render(result.lead, result.duplicate_of)
+    metrics.intake_finished(
+        group=result.lead.group.slug if result.lead.group else None,
+        status=result.lead.status,
+        duplicate=result.duplicate_of is not None,
+        seconds=time.perf_counter() - started,
+    )
+    return result
+
+
+def _intake_one(
+    job: IntakeJob, render: Callable[[Lead, int | None], bytes] | None, idempotency: IdempotencyRecord | None
+) -> IntakeResult:
+    """One lead in its own transaction, retried after a deadlock or serialization failure."""
     attempts = settings.ROUTING_MAX_RETRIES + 1
     for attempt in range(attempts):
         try:
             with transaction.atomic():
-                result = _intake_locked(data, raw or {}, requested, resolution, client, actor, render, idempotency)
-            if not result.body:
-                result.body = render(result.lead, result.duplicate_of)
-            metrics.intake_finished(
-                group=result.lead.group.slug if result.lead.group else None,
-                status=result.lead.status,
-                duplicate=result.duplicate_of is not None,
-                seconds=time.perf_counter() - started,
-            )
-            return result
+                return _intake_locked(job, render, idempotency)
         except Exception as exc:
             if routing.is_lock_timeout(exc):
-                metrics.routing_busy(group=slug)
+                metrics.routing_busy(group=job.resolution.group.slug if job.resolution.group else None)
                 raise routing.RoutingBusy() from exc
             if routing.is_retryable(exc) and attempt + 1 < attempts:
                 logger.warning("routing transaction retried after %s", routing.sqlstate(exc))
@@ -224,63 +266,80 @@ def lead_intake(
     raise routing.RoutingBusy()
 
 
-def _intake_locked(
-    data: dict[str, Any],
-    raw: dict[str, Any],
-    requested: Group | None,
-    resolution: Resolution,
-    client: ApiClient | None,
-    actor: str,
-    render: Callable[[Lead, int | None], bytes],
-    idempotency: IdempotencyRecord | None,
-) -> IntakeResult:
-    now = timezone.now()
-    email_normalized = normalize_email(data["email"])
-    postgres = connection.vendor == "postgresql"
+_combiner_instance: batching.Combiner[IntakeJob] | None = None
+_combiner_mutex = threading.Lock()
 
-    # Dedup: under the email's lock, so two concurrent posts of one address cannot both pass.
-    if postgres:  # the lock timeout and the email's lock in one statement
-        routing_sql.intake_begin(email_normalized=email_normalized, lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS)
-    else:
-        routing.set_lock_timeout()
-        routing.lock_email(email_normalized)
-    window = resolution.group.dedup_days if resolution.group else 30
-    since = now - timedelta(days=window)
-    existing = None
-    # Most leads are new: a cheap existence check first, the full load only for a duplicate.
-    if routing_sql.open_lead_may_exist(email_normalized=email_normalized, statuses=DEDUP_STATUSES, since=since):
-        existing = (
-            Lead.objects.filter(email_normalized=email_normalized, status__in=DEDUP_STATUSES, created_at__gte=since)
-            .select_related("group", "owner")
-            .order_by("-id")
-            .first()
-        )
-    if existing is not None:
-        audit_record_many(
-            events=[
-                Event(
-                    AuditEvent.Type.LEAD_DUPLICATE,
-                    actor,
-                    existing.id,
-                    existing.group.slug if existing.group else "",
-                    existing.owner_id,
-                    {
-                        "duplicate_of": existing.id,
-                        "dedup_days": window,
-                        "source": data.get("source") or "",
-                        "external_id": data.get("external_id") or "",
-                        "note": "same email has an open lead; no new rotation turn",
-                    },
+
+def _combiner() -> batching.Combiner[IntakeJob]:
+    global _combiner_instance
+    if _combiner_instance is None:
+        with _combiner_mutex:
+            if _combiner_instance is None:
+                _combiner_instance = batching.Combiner(
+                    _intake_batch, max_batch=settings.INTAKE_BATCH_MAX, key=lambda job: job.email_normalized
                 )
-            ]
-        )
-        body = render(existing, existing.id)
-        _idempotency_store(idempotency, status=200, body=body, lead=existing)
-        return IntakeResult(existing, existing.id, 200, body)
+    return _combiner_instance
 
-    lead = Lead(
+
+def _intake_batch(jobs: list[IntakeJob]) -> None:
+    """Runs a batch (leads/batching.py): one transaction for all when there are several; each
+    job gets its result or its error. If the shared transaction fails for another reason than
+    a busy rotation, each lead is routed again on its own, so one bad lead fails alone."""
+    if len(jobs) == 1:
+        _intake_one_recorded(jobs[0])
+        return
+    metrics.intake_batch(len(jobs))
+    attempts = settings.ROUTING_MAX_RETRIES + 1
+    for attempt in range(attempts):
+        try:
+            with transaction.atomic():
+                results = _intake_locked_many(jobs)
+        except Exception as exc:
+            if routing.is_lock_timeout(exc):
+                for job in jobs:
+                    metrics.routing_busy(group=job.resolution.group.slug if job.resolution.group else None)
+                    job.error = routing.RoutingBusy()
+                return
+            if routing.is_retryable(exc) and attempt + 1 < attempts:
+                logger.warning("routing batch retried after %s", routing.sqlstate(exc))
+                time.sleep(0.01 * (attempt + 1))
+                continue
+            logger.warning("routing batch of %d failed (%s); routing them one by one", len(jobs), type(exc).__name__)
+            break
+        else:
+            for job, result in zip(jobs, results, strict=True):
+                job.result = result
+            return
+    for job in jobs:
+        _intake_one_recorded(job)
+
+
+def _intake_one_recorded(job: IntakeJob) -> None:
+    try:
+        job.result = _intake_one(job, None, None)
+    except Exception as exc:  # noqa: BLE001 - handed to the job's own request thread, which raises it
+        job.error = exc
+
+
+# --- the routing transaction -------------------------------------------------------------------
+
+
+@dataclass
+class _Routed:
+    """A new lead routed under the lock, with the rows to write with it."""
+
+    lead: Lead
+    events: list[AuditEvent]
+    assignment: Assignment | None = None
+    outbox: OutboxMessage | None = None
+    advanced: bool = False
+
+
+def _lead_new(job: IntakeJob, now: datetime) -> Lead:
+    data = job.data
+    return Lead(
         email=data["email"],
-        email_normalized=email_normalized,
+        email_normalized=job.email_normalized,
         **{f: data.get(f) or "" for f in CONTACT_FIELDS if f != "email"},
         country=data.get("country") or "",
         region=data.get("region") or "",
@@ -290,27 +349,40 @@ def _intake_locked(
         company_size=data.get("company_size"),
         external_id=data.get("external_id") or "",
         attributes=data.get("attributes") or {},
-        raw_payload=raw,
-        requested_group=requested.slug if requested else "",
-        api_client=client,
+        raw_payload=job.raw,
+        requested_group=job.requested.slug if job.requested else "",
+        api_client=job.client,
         created_at=now,
     )
-    explanation: dict[str, Any] = resolution.explanation()
-    group = resolution.group
+
+
+def _route(
+    job: IntakeJob, now: datetime, state: RotationState | None, facts: list[MemberFacts] | None
+) -> tuple[_Routed, routing.Decision | None]:
+    """Decides one new lead under its group's lock (`state`, read with the lock, and `facts`,
+    the members read after it; None when the group is inactive) and builds its rows."""
+    lead = _lead_new(job, now)
+    explanation: dict[str, Any] = job.resolution.explanation()
+    group = job.resolution.group
     decision: routing.Decision | None = None
-    state = None
-    if group is None:
+    if group is None or state is None:
         lead.status, lead.queue_reason = LeadStatus.QUEUED, "no rule matched and there is no default group"
     else:
-        # The lock: everything below reads and writes under the group's rotation row.
-        state = routing.lock_rotation(group.id)
         group = state.group
         explanation.update({"group": group.slug, "strategy": group.strategy})
-        if not group.active:
+        if not group.active or facts is None:
             lead.status, lead.queue_reason = LeadStatus.QUEUED, f"group '{group.slug}' is inactive"
         else:
             # The account owner when eligible (rotation untouched), else the rotation.
-            facts, decision = ownership.group_decide(owner=resolution.owner, group=group, state=state, now=now)
+            decision = ownership.owner_decide(
+                owner=job.resolution.owner,
+                group=group,
+                strategy=group.strategy,
+                pointer=state.pointer,
+                current_weights=state.current_weights or {},
+                facts=facts,
+                now=now,
+            )
             explanation.update(decision.explanation())
             if decision.rep_id is None:
                 lead.status = LeadStatus.QUEUED
@@ -327,10 +399,9 @@ def _intake_locked(
                 lead.assigned_at = now
                 lead.sla_due_at = routing.sla_due(group, now)
     lead.group = group
-
     received = Event(
         AuditEvent.Type.LEAD_RECEIVED,
-        actor,
+        job.actor,
         None,  # the lead's id, once written
         group.slug if group else "",
         None,
@@ -338,13 +409,12 @@ def _intake_locked(
             "source": lead.source,
             "external_id": lead.external_id,
             "requested_group": lead.requested_group or None,
-            "client": client.name if client else None,
+            "client": job.client.name if job.client else None,
         },
     )
-    assignment = outbox = None
-    advanced = False
-    if decision is not None and decision.rep_id is not None and state is not None:
-        assignment = Assignment(
+    routed = _Routed(lead, [])
+    if decision is not None and decision.rep_id is not None and state is not None and group is not None:
+        routed.assignment = Assignment(
             rep_id=decision.rep_id,
             group=group,
             attempt=1,
@@ -352,56 +422,212 @@ def _intake_locked(
             started_at=now,
             due_at=lead.sla_due_at,
         )
-        advanced = routing.advance_apply(state, decision)
+        routed.advanced = routing.advance_apply(state, decision)
         # Webhook and e-mail: an outbox row in this transaction, delivered by Celery after commit.
-        outbox = notify.lead_outbox_message(lead=lead, event="lead.assigned", reason=decision.reason, attempt=1, at=now)
+        routed.outbox = notify.lead_outbox_message(
+            lead=lead, event="lead.assigned", reason=decision.reason, attempt=1, at=now
+        )
         explanation.update({"reason": decision.reason, "attempt": 1, "sla_due_at": _iso(lead.sla_due_at)})
-        outcome = Event(AuditEvent.Type.LEAD_ASSIGNED, actor, None, state.group.slug, decision.rep_id, explanation)
+        outcome = Event(AuditEvent.Type.LEAD_ASSIGNED, job.actor, None, group.slug, decision.rep_id, explanation)
     else:
         explanation["queue_reason"] = lead.queue_reason
-        outcome = Event(AuditEvent.Type.LEAD_QUEUED, actor, None, group.slug if group else "", None, explanation)
-    events = audit_build(events=[received, outcome])
+        outcome = Event(AuditEvent.Type.LEAD_QUEUED, job.actor, None, group.slug if group else "", None, explanation)
+    routed.events = audit_build(events=[received, outcome], request_id=job.request_id)
+    return routed, decision
+
+
+def _routed_written(routed: _Routed) -> None:
+    """After the rows are written: the ids into the objects that carry them, and the SLA timer
+    and notification fan-out published after commit (they never block intake; the sweeps
+    catch up)."""
+    lead = routed.lead
+    for event in routed.events:
+        event.lead_id = lead.id
+    if routed.assignment is not None and routed.outbox is not None:
+        routed.assignment.lead = lead
+        routed.outbox.lead_id = lead.id
+        routed.outbox.payload["lead"]["id"] = lead.id
+
+
+def _routed_announce(routed: _Routed) -> None:
+    if routed.assignment is not None and routed.outbox is not None:
+        scheduling.timer_schedule_on_commit(assignment_id=routed.assignment.id, due_at=routed.lead.sla_due_at)
+        outbox_announce_on_commit(routed.outbox.id)
+
+
+def _duplicate(job: IntakeJob, existing: Lead, window: int) -> IntakeResult:
+    audit_record_many(
+        events=[
+            Event(
+                AuditEvent.Type.LEAD_DUPLICATE,
+                job.actor,
+                existing.id,
+                existing.group.slug if existing.group else "",
+                existing.owner_id,
+                {
+                    "duplicate_of": existing.id,
+                    "dedup_days": window,
+                    "source": job.data.get("source") or "",
+                    "external_id": job.data.get("external_id") or "",
+                    "note": "same email has an open lead; no new rotation turn",
+                },
+            )
+        ],
+        request_id=job.request_id,
+    )
+    return IntakeResult(existing, existing.id, 200, b"")
+
+
+def _open_lead(email_normalized: str, since: datetime) -> Lead | None:
+    return (
+        Lead.objects.filter(email_normalized=email_normalized, status__in=DEDUP_STATUSES, created_at__gte=since)
+        .select_related("group", "owner")
+        .order_by("-id")
+        .first()
+    )
+
+
+def _dedup_window(job: IntakeJob) -> int:
+    return job.resolution.group.dedup_days if job.resolution.group else 30
+
+
+def _intake_locked(
+    job: IntakeJob, render: Callable[[Lead, int | None], bytes] | None, idempotency: IdempotencyRecord | None
+) -> IntakeResult:
+    now = timezone.now()
+    postgres = connection.vendor == "postgresql"
+
+    # Dedup: under the email's lock, so two concurrent posts of one address cannot both pass.
+    if postgres:  # the lock timeout and the email's lock in one statement
+        routing_sql.intake_begin(
+            email_normalized=job.email_normalized, lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
+        )
+    else:
+        routing.set_lock_timeout()
+        routing.lock_email(job.email_normalized)
+    window = _dedup_window(job)
+    since = now - timedelta(days=window)
+    existing = None
+    # Most leads are new: a cheap existence check first, the full load only for a duplicate.
+    if routing_sql.open_lead_may_exist(email_normalized=job.email_normalized, statuses=DEDUP_STATUSES, since=since):
+        existing = _open_lead(job.email_normalized, since)
+    if existing is not None:
+        result = _duplicate(job, existing, window)
+        if render is not None and idempotency is not None:
+            result.body = render(existing, existing.id)
+            _idempotency_store(idempotency, status=200, body=result.body, lead=existing)
+        return result
+
+    state = facts = None
+    if job.resolution.group is not None:
+        # The lock: everything below reads and writes under the group's rotation row.
+        state = routing.lock_rotation(job.resolution.group.id)
+        if state.group.active:
+            facts = routing.member_facts(state.group, now)
+    routed, _decision = _route(job, now, state, facts)
+    lead = routed.lead
 
     if postgres:
         # The lead, its assignment, its audit events, the outbox row and the rotation's advance
         # in one statement: the locked block's only write.
-        dependents: list[tuple[list[Any], dict[str, str]]] = [(events, {"lead_id": routing_sql.LEAD_ID})]
-        if assignment is not None and outbox is not None:
-            dependents.append(([assignment], {"lead_id": routing_sql.LEAD_ID}))
+        dependents: list[tuple[list[Any], dict[str, str]]] = [(routed.events, {"lead_id": routing_sql.LEAD_ID})]
+        if routed.assignment is not None and routed.outbox is not None:
+            dependents.append(([routed.assignment], {"lead_id": routing_sql.LEAD_ID}))
             payload_with_id = f"jsonb_set(%s, '{{lead,id}}', to_jsonb({routing_sql.LEAD_ID}))"
-            dependents.append(([outbox], {"lead_id": routing_sql.LEAD_ID, "payload": payload_with_id}))
-        ids = routing_sql.lead_insert_with(lead, dependents, state if advanced else None)
+            dependents.append(([routed.outbox], {"lead_id": routing_sql.LEAD_ID, "payload": payload_with_id}))
+        ids = routing_sql.lead_insert_with(lead, dependents, state if routed.advanced else None)
         lead.id = ids[0]
         lead._state.adding = False
-        if assignment is not None and outbox is not None:
-            assignment.id, outbox.id = ids[2], ids[3]
-            outbox.lead_id = lead.id
-            outbox.payload["lead"]["id"] = lead.id
+        _routed_written(routed)
+        if routed.assignment is not None and routed.outbox is not None:
+            routed.assignment.id, routed.outbox.id = ids[2], ids[3]
     else:
         lead.save(force_insert=True)
-        for event in events:
-            event.lead_id = lead.id
-        AuditEvent.objects.bulk_create(events)
-        if assignment is not None and outbox is not None and state is not None:
-            assignment.lead = lead
-            assignment.save(force_insert=True)
-            outbox.lead_id = lead.id
-            outbox.payload["lead"]["id"] = lead.id
-            outbox.save(force_insert=True)
-            if advanced:
-                state.save(update_fields=["pointer", "current_weights", "turns", "updated_at"])
-    if assignment is not None and outbox is not None:
-        assignment.lead = lead
-        # The SLA timer and the notification fan-out, published after commit; never block
-        # intake (the sweeps catch up).
-        scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=lead.sla_due_at)
-        outbox_announce_on_commit(outbox.id)
+        _routed_written(routed)
+        AuditEvent.objects.bulk_create(routed.events)
+        if routed.assignment is not None and routed.outbox is not None:
+            routed.assignment.save(force_insert=True)
+            routed.outbox.save(force_insert=True)
+        if routed.advanced and state is not None:
+            state.save(update_fields=["pointer", "current_weights", "turns", "updated_at"])
+    _routed_announce(routed)
 
     # The answer is rendered under the lock only when it must be stored with the lead (an
     # Idempotency-Key); otherwise lead_intake renders it after commit.
-    body = render(lead, None) if idempotency is not None else b""
-    _idempotency_store(idempotency, status=201, body=body, lead=lead)
+    body = b""
+    if render is not None and idempotency is not None:
+        body = render(lead, None)
+        _idempotency_store(idempotency, status=201, body=body, lead=lead)
     return IntakeResult(lead, None, 201, body)
+
+
+def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
+    """The routing transaction for a batch: every email's lock (in one order), one dedup
+    check, every group's rotation lock (in id order), each group's members read once after
+    it, the leads decided one after the other in arrival order (each decision moves the
+    in-memory rotation and counts the next one reads), and their rows written in two
+    statements."""
+    now = timezone.now()
+    routing_sql.intake_begin_many(
+        emails=sorted(job.email_normalized for job in jobs), lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
+    )
+    sinces = [now - timedelta(days=_dedup_window(job)) for job in jobs]
+    newest = routing_sql.open_leads_newest(
+        emails=[job.email_normalized for job in jobs], statuses=DEDUP_STATUSES, since=min(sinces)
+    )
+    results: list[IntakeResult | None] = []
+    fresh: list[IntakeJob] = []
+    for job, since in zip(jobs, sinces, strict=True):
+        found = newest.get(job.email_normalized)
+        existing = _open_lead(job.email_normalized, since) if found is not None and found >= since else None
+        if existing is not None:
+            results.append(_duplicate(job, existing, _dedup_window(job)))
+        else:
+            results.append(None)
+            fresh.append(job)
+
+    states: dict[int, RotationState] = {}
+    facts: dict[int, list[MemberFacts]] = {}
+    for group_id in sorted({job.resolution.group.id for job in fresh if job.resolution.group is not None}):
+        locked = states[group_id] = routing.lock_rotation(group_id)
+        if locked.group.active:
+            facts[group_id] = routing.member_facts(locked.group, now)
+
+    routed_all: list[_Routed] = []
+    for job in fresh:
+        gid = job.resolution.group.id if job.resolution.group is not None else None
+        state = states.get(gid) if gid is not None else None
+        routed, decision = _route(job, now, state, facts.get(gid) if gid is not None else None)
+        if gid is not None and decision is not None and decision.rep_id is not None:
+            # The next lead of the group sees this one: one more open lead and one more today.
+            facts[gid] = [
+                replace(f, open=f.open + 1, assigned_today=f.assigned_today + 1) if f.rep_id == decision.rep_id else f
+                for f in facts[gid]
+            ]
+        routed_all.append(routed)
+
+    if routed_all:
+        routing_sql.leads_insert([r.lead for r in routed_all])
+        for routed in routed_all:
+            _routed_written(routed)
+        with_rep = [r for r in routed_all if r.assignment is not None and r.outbox is not None]
+        advanced = sorted({r.lead.group_id for r in routed_all if r.advanced and r.lead.group_id is not None})
+        _events_ids, assignment_ids, outbox_ids = routing_sql.rows_insert_and_advance(
+            [
+                [e for r in routed_all for e in r.events],
+                [r.assignment for r in with_rep if r.assignment is not None],
+                [r.outbox for r in with_rep if r.outbox is not None],
+            ],
+            [states[group_id] for group_id in advanced],
+        )
+        for routed, assignment_id, outbox_id in zip(with_rep, assignment_ids, outbox_ids, strict=True):
+            if routed.assignment is not None and routed.outbox is not None:
+                routed.assignment.id, routed.outbox.id = assignment_id, outbox_id
+            _routed_announce(routed)
+
+    # Back in arrival order: the duplicates where they were, the new leads in between.
+    new_leads = iter(routed_all)
+    return [result or IntakeResult(next(new_leads).lead, None, 201, b"") for result in results]
 
 
 def _iso(value: Any) -> str | None:

@@ -65,6 +65,11 @@ LOCK_HELD_SECONDS = Histogram(
     "Time a routing transaction holds a group's rotation row lock, from acquiring it to COMMIT.",
     buckets=_LOCK_BUCKETS,
 )
+INTAKE_BATCH_SIZE = Histogram(
+    "leadrouter_intake_batch_size",
+    "Leads routed together in one transaction by a web process (only batches of two or more).",
+    buckets=(2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+)
 ESCALATIONS = Counter(
     "leadrouter_escalations", "Escalations of unaccepted leads, by group and outcome.", ["group", "outcome"]
 )
@@ -99,6 +104,10 @@ def intake_finished(*, group: str | None, status: str, duplicate: bool, seconds:
 
 def routing_busy(*, group: str | None) -> None:
     ROUTING_BUSY.labels(_group(group)).inc()
+
+
+def intake_batch(size: int) -> None:
+    INTAKE_BATCH_SIZE.observe(size)
 
 
 def rotation_lock_waited(seconds: float) -> None:

@@ -102,6 +102,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 ROUTING_LOCK_TIMEOUT_MS = env.int("ROUTING_LOCK_TIMEOUT_MS", default=2000)
 # Deadlocks and serialization failures are retried this many times before a 503.
 ROUTING_MAX_RETRIES = env.int("ROUTING_MAX_RETRIES", default=3)
+# Concurrent intakes of one web process share one routing transaction, up to this many leads
+# (leads/batching.py; PostgreSQL only). 1 turns batching off.
+INTAKE_BATCH_MAX = env.int("INTAKE_BATCH_MAX", default=32)
 # Idempotency keys are kept at least this long (SPEC: at least 24 hours).
 IDEMPOTENCY_TTL_HOURS = env.int("IDEMPOTENCY_TTL_HOURS", default=48)
 # An in-flight idempotency record older than this is considered abandoned (crashed worker).
