@@ -58,15 +58,18 @@ def _convert(fields: list[Field], row: tuple[Any, ...]) -> list[Any]:
 
 
 @cache
-def _lock_statement() -> tuple[str, list[Field], list[Field]]:
+def _lock_statement(many: bool = False) -> tuple[str, list[Field], list[Field]]:
     state_fields = list(RotationState._meta.concrete_fields)
     group_fields = list(Group._meta.concrete_fields)
     columns = [f"r.{_qn(f.column)}" for f in state_fields] + [f"g.{_qn(f.column)}" for f in group_fields]
+    group_id = f"r.{_qn('group_id')}"
+    # Several rows: locked in group id order (LockRows runs above the sort).
+    where = f"{group_id} = ANY(%s) ORDER BY {group_id}" if many else f"{group_id} = %s"
     sql = (
         # Identifiers come from the models; values are parameters.
         f"SELECT {', '.join(columns)} FROM {_qn(RotationState._meta.db_table)} r "  # noqa: S608
-        f"INNER JOIN {_qn(Group._meta.db_table)} g ON g.{_qn(Group._meta.pk.column)} = r.{_qn('group_id')} "
-        f"WHERE r.{_qn('group_id')} = %s FOR NO KEY UPDATE OF r, g"
+        f"INNER JOIN {_qn(Group._meta.db_table)} g ON g.{_qn(Group._meta.pk.column)} = {group_id} "
+        f"WHERE {where} FOR NO KEY UPDATE OF r, g"
     )
     return sql, state_fields, group_fields
 
@@ -85,6 +88,26 @@ def rotation_lock_fetch(group_id: int) -> RotationState | None:
     group = Group.from_db(connection.alias, [f.attname for f in group_fields], _convert(group_fields, row[n:]))
     state.group = group
     return state
+
+
+def rotation_lock_fetch_many(group_ids: list[int]) -> dict[int, RotationState]:
+    """`rotation_lock_fetch` for several groups in one statement: the rows are locked in
+    group id order (the lock order everywhere); groups without a rotation row are left out."""
+    sql, state_fields, group_fields = _lock_statement(many=True)
+    with _cursor() as cursor:
+        cursor.execute(sql, [group_ids])
+        rows = cursor.fetchall()
+    n = len(state_fields)
+    states = {}
+    for row in rows:
+        state = RotationState.from_db(
+            connection.alias, [f.attname for f in state_fields], _convert(state_fields, row[:n])
+        )
+        state.group = Group.from_db(
+            connection.alias, [f.attname for f in group_fields], _convert(group_fields, row[n:])
+        )
+        states[state.group_id] = state
+    return states
 
 
 @dataclass
@@ -117,23 +140,29 @@ def _members_statement() -> str:
     m, r, a = Membership._meta.db_table, Rep._meta.db_table, Absence._meta.db_table
     return (
         # Identifiers come from the models; values are parameters.
-        "SELECT m.rep_id, m.position, m.weight, m.active, m.max_open, m.max_per_day, m.paused_reason, "  # noqa: S608
-        "r.name, r.email, r.active, r.timezone, r.working_hours, a.starts_at, a.ends_at "
+        "SELECT m.group_id, m.rep_id, m.position, m.weight, m.active, m.max_open, m.max_per_day, "  # noqa: S608
+        "m.paused_reason, r.name, r.email, r.active, r.timezone, r.working_hours, a.starts_at, a.ends_at "
         f"FROM {_qn(m)} m INNER JOIN {_qn(r)} r ON r.id = m.rep_id "
         f"LEFT JOIN LATERAL (SELECT starts_at, ends_at FROM {_qn(a)} "
         "WHERE rep_id = m.rep_id AND starts_at <= %s AND ends_at > %s ORDER BY ends_at DESC LIMIT 1) a ON true "
-        "WHERE m.group_id = %s ORDER BY m.position, m.rep_id"
+        "WHERE m.group_id = ANY(%s) ORDER BY m.group_id, m.position, m.rep_id"
     )
 
 
 def member_rows(group_id: int, now: datetime) -> list[MemberRow]:
     """Members in rotation order with their rep and the absence covering now (the one ending
     last), in one statement."""
+    return member_rows_many([group_id], now).get(group_id, [])
+
+
+def member_rows_many(group_ids: list[int], now: datetime) -> dict[int, list[MemberRow]]:
+    """`member_rows` of several groups in one statement."""
     with _cursor() as cursor:
-        cursor.execute(_members_statement(), [now, now, group_id])
+        cursor.execute(_members_statement(), [now, now, group_ids])
         rows = cursor.fetchall()
-    out = []
+    out: dict[int, list[MemberRow]] = {}
     for (
+        group_id,
         rep_id,
         position,
         weight,
@@ -152,7 +181,8 @@ def member_rows(group_id: int, now: datetime) -> list[MemberRow]:
         if isinstance(hours, str):
             hours = json.loads(hours)
         rep = RepRow(name, email, rep_active, tz, hours)
-        out.append(MemberRow(rep_id, position, weight, active, max_open, max_per_day, paused, rep, a0, a1))
+        member = MemberRow(rep_id, position, weight, active, max_open, max_per_day, paused, rep, a0, a1)
+        out.setdefault(group_id, []).append(member)
     return out
 
 

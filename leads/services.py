@@ -586,12 +586,12 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
             results.append(None)
             fresh.append(job)
 
-    states: dict[int, RotationState] = {}
-    facts: dict[int, list[MemberFacts]] = {}
-    for group_id in sorted({job.resolution.group.id for job in fresh if job.resolution.group is not None}):
-        locked = states[group_id] = routing.lock_rotation(group_id)
-        if locked.group.active:
-            facts[group_id] = routing.member_facts(locked.group, now)
+    states = routing.lock_rotations([job.resolution.group.id for job in fresh if job.resolution.group is not None])
+    active = [group_id for group_id, locked in states.items() if locked.group.active]
+    rows = routing_sql.member_rows_many(active, now) if active else {}
+    facts: dict[int, list[MemberFacts]] = {
+        group_id: routing.member_facts(states[group_id].group, now, rows=rows.get(group_id, [])) for group_id in active
+    }
 
     routed_all: list[_Routed] = []
     for job in fresh:

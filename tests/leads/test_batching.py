@@ -165,3 +165,24 @@ def test_a_failing_batch_routes_its_leads_one_by_one(make_group, monkeypatch):
     assert Lead.objects.count() == 7 and Assignment.objects.count() == 7
     assert AuditEvent.objects.filter(type="lead.assigned").count() == 7
     assert RotationState.objects.get(group__slug="g").turns == 7
+
+
+def test_batches_spanning_groups_keep_each_rotation_strict(make_group):
+    groups = {f"s{i}": make_group(3, slug=f"s{i}") for i in range(6)}
+    _client, token = api_client_with(["intake"])
+    before = batches_seen()
+
+    def worker(i: int) -> list[int]:
+        c = http_client(token)
+        return [
+            post(c, {"email": f"s{i}-{j}@batch.example", "group": f"s{(i + j) % 6}"}).status_code for j in range(24)
+        ]
+
+    assert {s for chunk in run_threads(16, worker) for s in chunk} == {201}
+    assert batches_seen()[0] > before[0]
+    for group, reps in groups.values():
+        leads = list(Lead.objects.filter(group=group).order_by("id"))
+        assert len(leads) == 64
+        order = [r.id for r in reps]
+        assert [lead.owner_id for lead in leads] == [order[i % 3] for i in range(64)]
+        assert RotationState.objects.get(group=group).turns == 64
