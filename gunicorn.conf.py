@@ -1,11 +1,14 @@
 """Gunicorn settings for the web process.
 
-One process per core, two threads each (gthread). Intake costs about 10-15 ms of CPU per lead
-on a small machine (Django, DRF) around a transaction of a few milliseconds, so the web tier
-is CPU-bound: two threads per process overlap the database round trips, and more processes
-than cores only make the request that holds a group's rotation lock wait for a CPU, which
-lengthens the lock for everybody behind it (`make bench`: 2 x 2 beat 4 x 2 on 2 cores, on
-both rate and p99). Raise WEB_WORKERS with the cores, not beyond.
+One process per core, eight threads each (gthread). Intake is CPU-bound in the web tier on a
+small machine (a few milliseconds of CPU per lead: Django, DRF, the routing), so more
+processes than cores only make the request that holds a group's rotation lock wait for a CPU.
+The threads are there for batching (leads/batching.py): the requests of one process that
+arrive while a routing transaction runs are routed together in the next one, so a hot group
+routes many leads per hold of its lock. With two threads there is rarely anyone to batch
+with; `make bench` on 2 cores: 2 x 8 routes a hot group about 1.6 times as fast as 2 x 2,
+and 1 x 16 or 2 x 16 do no better. Raise WEB_WORKERS with the cores, not beyond; size the
+database pool (DB_POOL_MAX_SIZE) to the threads.
 """
 
 import multiprocessing
@@ -14,7 +17,7 @@ import shutil
 import tempfile
 
 workers = int(os.environ.get("WEB_WORKERS", multiprocessing.cpu_count()))
-threads = int(os.environ.get("WEB_THREADS", 2))
+threads = int(os.environ.get("WEB_THREADS", 8))
 worker_class = "gthread"
 timeout = int(os.environ.get("WEB_TIMEOUT", 30))
 keepalive = 5

@@ -223,6 +223,16 @@ def _insert_fields(model: type[Model]) -> list[Field]:
     return [f for f in model._meta.concrete_fields if not f.primary_key]
 
 
+@cache
+def _insert_getters(model: type[Model]) -> list[tuple[Field, str, bool]]:
+    """(field, column, whether its value needs the field's pre_save: auto_now and the like;
+    the others are read as attributes, which costs far less)."""
+    return [
+        (f, f.column, bool(getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)))
+        for f in _insert_fields(model)
+    ]
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, datetime | date | time):
         return value.isoformat()
@@ -238,8 +248,12 @@ def _insert(model: type[Model], objs: Sequence[Model], refs: dict[str, str], par
     it. `refs` puts SQL in place of a field's value (`%s` in it: the value)."""
     fields = _insert_fields(model)
     table = _qn(model._meta.db_table)
+    getters = [g for g in _insert_getters(model) if "%s" in refs.get(g[0].attname, "%s")]
     rows = [
-        {f.column: f.pre_save(obj, True) for f in fields if "%s" in refs.get(f.attname, "%s")}  # type: ignore[attr-defined]
+        {
+            column: f.pre_save(obj, True) if pre_save else getattr(obj, f.attname)  # type: ignore[attr-defined]
+            for f, column, pre_save in getters
+        }
         for obj in objs
     ]
     params.append(json.dumps(rows, default=_json_default))

@@ -76,8 +76,8 @@ def timer_publish(*, assignment_id: int, due_at: datetime) -> bool:
 
 def timer_schedule_on_commit(*, assignment_id: int, due_at: datetime | None) -> None:
     """The SLA timer of a new assignment, published once the transaction commits."""
-    if due_at is None:
-        return
+    if due_at is None or not within_horizon(due_at):
+        return  # none, or `escalation_arm` publishes it when it comes within the horizon
     transaction.on_commit(lambda: timer_publish(assignment_id=assignment_id, due_at=due_at))
 
 

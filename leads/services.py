@@ -19,7 +19,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import Event, audit_build, audit_record_many
 from notifications.models import OutboxMessage
-from notifications.services import outbox_announce_on_commit
+from notifications.services import outbox_announce_many_on_commit, outbox_announce_on_commit
 from rotation.eligibility import MemberFacts
 from rotation.models import Group, Rep, RotationState, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
@@ -623,7 +623,8 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
         for routed, assignment_id, outbox_id in zip(with_rep, assignment_ids, outbox_ids, strict=True):
             if routed.assignment is not None and routed.outbox is not None:
                 routed.assignment.id, routed.outbox.id = assignment_id, outbox_id
-            _routed_announce(routed)
+                scheduling.timer_schedule_on_commit(assignment_id=assignment_id, due_at=routed.lead.sla_due_at)
+        outbox_announce_many_on_commit(outbox_ids)  # one drain task for the batch
 
     # Back in arrival order: the duplicates where they were, the new leads in between.
     new_leads = iter(routed_all)

@@ -80,6 +80,12 @@ def outbox_announce_on_commit(message_id: int) -> None:
     transaction.on_commit(lambda: _announce(message_id), robust=True)
 
 
+def outbox_announce_many_on_commit(message_ids: list[int]) -> None:
+    """The same for a batch of messages: one drain task fans them all out."""
+    if message_ids:
+        transaction.on_commit(lambda: _announce(None), robust=True)
+
+
 # One drain task serves every message committed while it waits: intake commits hundreds of
 # messages a second, and publishing a task per message cost more CPU than the rest of the
 # routing. The flag (Redis, SET NX) says "a drain is queued"; the drain clears it *before* it
@@ -110,11 +116,15 @@ def _drain_flag() -> tuple[Any, str] | None:
     return _Flag.client, f"{prefix}notify:drain-queued:{connection.settings_dict.get('NAME')}"
 
 
-def _announce(message_id: int) -> None:
+def _announce(message_id: int | None) -> None:
+    """A drain for the messages just committed (`message_id`: one message, None: several)."""
     global _down_until
     flag = _drain_flag()
     if flag is None:
-        _enqueue("notifications.outbox_dispatch", message_id)
+        if message_id is None:
+            _enqueue("notifications.outbox_drain", None)
+        else:
+            _enqueue("notifications.outbox_dispatch", message_id)
         return
     if time.monotonic() < _down_until:
         return  # the broker is down: the sweep delivers
