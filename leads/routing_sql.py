@@ -317,9 +317,11 @@ def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> None:
     in the order given (callers sort the emails, so two batches never wait on each other in a
     cycle; a single intake holds one email lock)."""
     with _cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout_ms}ms"])
+        # One statement: the target list runs in order, so the timeout is set before any wait.
         cursor.execute(
-            "SELECT count(pg_advisory_xact_lock(hashtextextended(e, 0))) FROM unnest(%s::text[]) AS e", [emails]
+            "SELECT set_config('lock_timeout', %s, true), "
+            "(SELECT count(pg_advisory_xact_lock(hashtextextended(e, 0))) FROM unnest(%s::text[]) AS e)",
+            [f"{lock_timeout_ms}ms", emails],
         )
 
 
@@ -337,27 +339,26 @@ def open_leads_newest(*, emails: list[str], statuses: tuple[str, ...], since: da
         return dict(cursor.fetchall())
 
 
-def leads_insert(leads: list[Lead]) -> None:
-    """INSERTs a batch's leads in one statement and sets their ids (in the order given: a
-    sequence numbers the rows of one INSERT in order)."""
-    params: list[Any] = []
-    with _cursor() as cursor:
-        cursor.execute(_insert(Lead, leads, {}, params), params)
-        ids = sorted(row[0] for row in cursor.fetchall())
-    for lead, lead_id in zip(leads, ids, strict=True):
-        lead.id = lead_id
-        lead._state.adding = False
+BATCH_LEAD_ID = "(SELECT id FROM numbered WHERE numbered.n = %s)"  # a dependent's lead, by its place
 
 
-def rows_insert_and_advance(dependents: list[list[Model]], advances: list[RotationState]) -> list[list[int]]:
-    """INSERTs a batch's other rows (lists of one model each: assignments, audit events,
-    outbox rows) and UPDATEs the rotation rows it advanced, in one statement; returns each
-    list's ids in the order given."""
+def batch_write(
+    leads: list[Lead], dependents: list[tuple[list[Model], dict[str, str]]], advances: list[RotationState]
+) -> tuple[list[int], list[list[int]]]:
+    """Writes a batch in one statement: its leads, the rows that go with them and the rotation
+    rows' advances. A dependent row's `lead_id` holds the 1-based place of its lead in `leads`
+    (BATCH_LEAD_ID in its refs turns it into the new id). Returns the leads' ids and each
+    dependent list's ids, in the order given (a sequence numbers the rows of one INSERT in
+    order)."""
     params: list[Any] = []
-    ctes, selects = [], []
-    for n, objs in enumerate(dependents):
+    ctes = [
+        f"new_leads AS ({_insert(Lead, leads, {}, params)})",
+        "numbered AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM new_leads)",
+    ]
+    selects = ["(SELECT array_agg(id ORDER BY id) FROM new_leads)"]
+    for n, (objs, refs) in enumerate(dependents):
         if objs:
-            ctes.append(f"d{n} AS ({_insert(type(objs[0]), objs, {}, params)})")
+            ctes.append(f"d{n} AS ({_insert(type(objs[0]), objs, refs, params)})")
             selects.append(f"(SELECT array_agg(id ORDER BY id) FROM d{n})")  # noqa: S608
         else:
             selects.append("NULL")
@@ -376,10 +377,12 @@ def rows_insert_and_advance(dependents: list[list[Model]], advances: list[Rotati
             "AS v(group_id bigint, pointer integer, weights jsonb, turns integer) WHERE s.group_id = v.group_id)"
         )
         params += [now, json.dumps(rows)]
-    if not ctes:
-        return [[] for _ in dependents]
     with _cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(selects) or 'NULL'}", params)
+        cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(selects)}", params)
         row = cursor.fetchone()
     assert row is not None
-    return [list(ids or []) for ids in row[: len(dependents)]]
+    lead_ids = list(row[0])
+    for lead, lead_id in zip(leads, lead_ids, strict=True):
+        lead.id = lead_id
+        lead._state.adding = False
+    return lead_ids, [list(ids or []) for ids in row[1:]]

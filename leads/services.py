@@ -607,19 +607,26 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
         routed_all.append(routed)
 
     if routed_all:
-        routing_sql.leads_insert([r.lead for r in routed_all])
-        for routed in routed_all:
-            _routed_written(routed)
         with_rep = [r for r in routed_all if r.assignment is not None and r.outbox is not None]
+        for place, routed in enumerate(routed_all, start=1):  # each row's lead, by its place
+            for event in routed.events:
+                event.lead_id = place
+            if routed.assignment is not None and routed.outbox is not None:
+                routed.assignment.lead_id = routed.outbox.lead_id = place
+        lead_ref = {"lead_id": routing_sql.BATCH_LEAD_ID}
+        payload_with_id = "jsonb_set(%s, '{lead,id}', to_jsonb(" + routing_sql.BATCH_LEAD_ID % 'r."lead_id"' + "))"
         advanced = sorted({r.lead.group_id for r in routed_all if r.advanced and r.lead.group_id is not None})
-        _events_ids, assignment_ids, outbox_ids = routing_sql.rows_insert_and_advance(
+        _lead_ids, (_event_ids, assignment_ids, outbox_ids) = routing_sql.batch_write(
+            [r.lead for r in routed_all],
             [
-                [e for r in routed_all for e in r.events],
-                [r.assignment for r in with_rep if r.assignment is not None],
-                [r.outbox for r in with_rep if r.outbox is not None],
+                ([e for r in routed_all for e in r.events], lead_ref),
+                ([r.assignment for r in with_rep if r.assignment is not None], lead_ref),
+                ([r.outbox for r in with_rep if r.outbox is not None], {**lead_ref, "payload": payload_with_id}),
             ],
             [states[group_id] for group_id in advanced],
         )
+        for routed in routed_all:
+            _routed_written(routed)
         for routed, assignment_id, outbox_id in zip(with_rep, assignment_ids, outbox_ids, strict=True):
             if routed.assignment is not None and routed.outbox is not None:
                 routed.assignment.id, routed.outbox.id = assignment_id, outbox_id
