@@ -18,6 +18,7 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
+import orjson
 import psycopg
 from django.db import connection
 from django.db.models import Field, Model
@@ -241,6 +242,16 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _dumps(value: Any) -> str:
+    """JSON for a parameter: orjson (several times faster, and this runs under a rotation
+    lock), or the standard library for what orjson refuses (integers past 64 bits, which a
+    client's raw payload may hold)."""
+    try:
+        return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(value, default=_json_default)
+
+
 def _insert(model: type[Model], objs: Sequence[Model], refs: dict[str, str], params: list[Any]) -> str:
     """INSERT ... SELECT of `objs` from one JSON parameter (jsonb_populate_recordset: PostgreSQL
     converts each value to its column's type), so the statement has a handful of parameters
@@ -256,7 +267,7 @@ def _insert(model: type[Model], objs: Sequence[Model], refs: dict[str, str], par
         }
         for obj in objs
     ]
-    params.append(json.dumps(rows, default=_json_default))
+    params.append(_dumps(rows))
     columns = ", ".join(_qn(f.column) for f in fields)
     values = ", ".join(refs.get(f.attname, "%s").replace("%s", f"r.{_qn(f.column)}") for f in fields)
     return (

@@ -110,3 +110,10 @@ def test_the_version_moves_on_every_configuration_write_and_not_on_last_use():
     assert configcache.config_version() == v1
     type(rep).objects.filter(pk=rep.pk).update(active=False)
     assert configcache.config_version() != v1
+
+
+def test_values_past_64_bits_are_stored_as_sent(api, make_group):
+    make_group(1, slug="big")
+    r = api.post("/api/v1/leads/", lead_body(group="big", attributes={"n": 2**70, "x": -(2**65)}), format="json")
+    assert r.status_code == 201, r.content
+    assert Lead.objects.get(pk=r.json()["id"]).attributes == {"n": 2**70, "x": -(2**65)}
