@@ -19,29 +19,14 @@ from typing import Any
 from uuid import UUID
 
 import orjson
-import psycopg
 from django.db import connection
 from django.db.models import Field, Model
 from django.utils import timezone
 
 from rotation.models import Absence, Group, Membership, Rep, RotationState
+from routing_project.db import server_bound_cursor
 
 from .models import Lead
-
-
-def _cursor() -> Any:
-    """A cursor binding parameters on the server, on Django's connection (same transaction),
-    wrapped as Django wraps its own (query logging, execute wrappers, error translation).
-
-    Django's default cursor binds on the client: psycopg parses the statement and quotes
-    every value in Python on each execution, which for intake's writes cost more CPU than
-    building them. With server-side binding psycopg converts each statement once (cached)
-    and prepares it after a few executions, which also spares PostgreSQL the planning.
-    Only these statements, whose parameter types PostgreSQL can always infer, use it."""
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    raw: Any = psycopg.Cursor(connection.connection)  # django-stubs types these wrappers' argument too narrowly
-    return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
 
 
 def _qn(name: str) -> str:
@@ -79,7 +64,7 @@ def rotation_lock_fetch(group_id: int) -> RotationState | None:
     """SELECT ... FOR NO KEY UPDATE OF the rotation row and the group row (as the ORM query in
     routing.lock_rotation), returning the state with its group loaded; None when missing."""
     sql, state_fields, group_fields = _lock_statement()
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(sql, [group_id])
         row = cursor.fetchone()
     if row is None:
@@ -95,7 +80,7 @@ def rotation_lock_fetch_many(group_ids: list[int]) -> dict[int, RotationState]:
     """`rotation_lock_fetch` for several groups in one statement: the rows are locked in
     group id order (the lock order everywhere); groups without a rotation row are left out."""
     sql, state_fields, group_fields = _lock_statement(many=True)
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(sql, [group_ids])
         rows = cursor.fetchall()
     n = len(state_fields)
@@ -158,7 +143,7 @@ def member_rows(group_id: int, now: datetime) -> list[MemberRow]:
 
 def member_rows_many(group_ids: list[int], now: datetime) -> dict[int, list[MemberRow]]:
     """`member_rows` of several groups in one statement."""
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(_members_statement(), [now, now, group_ids])
         rows = cursor.fetchall()
     out: dict[int, list[MemberRow]] = {}
@@ -192,7 +177,7 @@ def rotation_advance(state: RotationState) -> None:
     state.save(update_fields=[...]) would write them)."""
     state.updated_at = timezone.now()
     table = _qn(RotationState._meta.db_table)
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET pointer = %s, current_weights = %s::jsonb, turns = %s, updated_at = %s "  # noqa: S608
             "WHERE group_id = %s",
@@ -206,7 +191,7 @@ def open_lead_may_exist(*, email_normalized: str, statuses: tuple[str, ...], sin
     if connection.vendor != "postgresql":
         return True
     table = _qn(Lead._meta.db_table)
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(
             f"SELECT 1 FROM {table} WHERE email_normalized = %s AND status = ANY(%s) AND created_at >= %s LIMIT 1",  # noqa: S608
             [email_normalized, [str(s) for s in statuses], since],
@@ -302,7 +287,7 @@ def lead_insert_with(
             advance.group_id,
         ]
     selects = ["(SELECT id FROM new_lead)", *(f"(SELECT min(id) FROM d{n})" for n in range(len(dependents)))]  # noqa: S608
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(selects)}", params)
         row = cursor.fetchone()
     assert row is not None
@@ -313,7 +298,7 @@ def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> None:
     """The routing transaction's first statement: its lock timeout (SET LOCAL) and the email's
     advisory lock, which serializes intake of one address so two concurrent posts cannot both
     miss dedup. The dedup check must be a later statement: its snapshot has to follow the lock."""
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(
             "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0))",
             [f"{lock_timeout_ms}ms", email_normalized],
@@ -327,7 +312,7 @@ def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> None:
     """`intake_begin` for a batch: the lock timeout, then every email's advisory lock, taken
     in the order given (callers sort the emails, so two batches never wait on each other in a
     cycle; a single intake holds one email lock)."""
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         # One statement: the target list runs in order, so the timeout is set before any wait.
         cursor.execute(
             "SELECT set_config('lock_timeout', %s, true), "
@@ -340,7 +325,7 @@ def open_leads_newest(*, emails: list[str], statuses: tuple[str, ...], since: da
     """For each of these emails with a lead in `statuses` created since `since`: the newest
     one's creation time (the batch's dedup check, one statement)."""
     table = _qn(Lead._meta.db_table)
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(
             f"SELECT email_normalized, max(created_at) FROM {table} "  # noqa: S608 - identifiers from the models
             "WHERE email_normalized = ANY(%s::text[]) AND status = ANY(%s::text[]) AND created_at >= %s "
@@ -388,7 +373,7 @@ def batch_write(
             "AS v(group_id bigint, pointer integer, weights jsonb, turns integer) WHERE s.group_id = v.group_id)"
         )
         params += [now, json.dumps(rows)]
-    with _cursor() as cursor:
+    with server_bound_cursor() as cursor:
         cursor.execute(f"WITH {', '.join(ctes)} SELECT {', '.join(selects)}", params)
         row = cursor.fetchone()
     assert row is not None

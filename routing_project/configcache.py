@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 from django.db import connection
 
+from .db import server_bound_cursor
+
 T = TypeVar("T")
 
 # Each kind of look-up keeps at most this many keys per version (account domains, tokens);
@@ -67,7 +69,7 @@ def config_version() -> int | None:
     row is missing, e.g. right after a TRUNCATE): then nothing is cached."""
     if connection.vendor != "postgresql":
         return None
-    with connection.cursor() as cursor:
+    with server_bound_cursor() as cursor:  # prepared after a few requests
         cursor.execute(_VERSION_SQL)
         row = cursor.fetchone()
     return int(row[0]) if row else None
