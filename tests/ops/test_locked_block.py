@@ -15,6 +15,10 @@ OUTBOX = "notifications_outbox"  # the notification outbox row is written in the
 
 
 def kind(sql: str) -> str:
+    if sql.lstrip().startswith("WITH "):
+        # One statement of data-modifying CTEs: what it writes, in order.
+        writes = re.findall(r'(INSERT INTO|UPDATE)\s+"?(\w+)"?', sql)
+        return "WITH " + ", ".join(f"{verb.split()[0]} {table}" for verb, table in writes)
     m = re.match(r'\s*(SELECT|INSERT INTO|UPDATE)\s.*?"?(\w+)"?', sql, re.S)
     if m and m.group(1) == "SELECT":
         outer = sql
@@ -34,10 +38,16 @@ def locked_statements(ctx: CaptureQueriesContext) -> list[str]:
 
 EXPECTED = [
     "SELECT rotation_membership",  # eligibility, read after the lock (members, reps, absences: one query)
-    "INSERT leads_lead",
-    "INSERT leads_assignment",
-    "UPDATE rotation_rotationstate",  # the advance
-    "INSERT audit_auditevent",  # lead.received and lead.assigned in one INSERT
+    # The only write: the lead, its audit events (lead.received, lead.assigned), its assignment,
+    # the notification outbox row and the rotation's advance, in one statement.
+    f"WITH INSERT leads_lead, INSERT audit_auditevent, INSERT leads_assignment, INSERT {OUTBOX}message, "
+    "UPDATE rotation_rotationstate",
+]
+BATCH_EXPECTED = [
+    "SELECT rotation_membership",  # every locked group's members, one query
+    # The batch's leads, their audit events, assignments and outbox rows, and the advances.
+    f"WITH INSERT leads_lead, INSERT audit_auditevent, INSERT leads_assignment, INSERT {OUTBOX}message, "
+    "UPDATE rotation_rotationstate",
 ]
 
 
@@ -53,7 +63,29 @@ def test_locked_block_holds_only_what_needs_the_lock(make_group, post_lead, with
     assert response.status_code == 201
     assert response.json()["owner"]["name"]
     locked = locked_statements(ctx)
-    outbox = [k for k in locked if OUTBOX in k]
-    assert len(outbox) <= 1, locked
     expected = EXPECTED + (["UPDATE leads_idempotencyrecord"] if with_key else [])
-    assert [k for k in locked if OUTBOX not in k] == expected, "\n".join(locked)
+    assert locked == expected, "\n".join(locked)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_holds_the_same_two_statements_for_all_its_leads(make_group):
+    from django.db import transaction
+
+    from leads import services
+    from tests.conftest import lead_body
+
+    group, _reps = make_group(3)
+    other, _ = make_group(2)
+    jobs = []
+    for target in (group, other, group, other, group):
+        data = lead_body()
+        resolution = services.lead_resolve_group(data=data, requested=target)
+        jobs.append(services.IntakeJob(data, data, target, resolution, None, "test", "", data["email"]))
+    with CaptureQueriesContext(connection) as ctx, transaction.atomic():
+        results = services._intake_locked_many(jobs)
+    assert [r.status_code for r in results] == [201] * 5
+    sqls = [q["sql"] for q in ctx.captured_queries]
+    start = next(i for i, s in enumerate(sqls) if LOCK in s)
+    locked = [kind(s) for s in sqls[start + 1 :] if s.strip().upper() != "COMMIT"]
+    assert locked == BATCH_EXPECTED, "\n".join(locked)
