@@ -32,15 +32,19 @@ class AuditEvent(models.Model):
     type = models.CharField(max_length=40, choices=Type.choices)
     at = models.DateTimeField(db_index=True)
     actor = models.CharField(max_length=200)
-    lead_id = models.BigIntegerField(null=True, blank=True, db_index=True)
-    group = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    lead_id = models.BigIntegerField(null=True, blank=True)  # looked up through audit_lead_id_idx
+    group = models.CharField(max_length=64, blank=True, default="")
     rep_id = models.BigIntegerField(null=True, blank=True, db_index=True)
     explanation = models.JSONField(default=dict)
     request_id = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["lead_id", "id"], name="audit_lead_id_idx")]
+        # Every index is written twice per routed lead (two events): exact matches only, none twice.
+        indexes = [
+            models.Index(fields=["lead_id", "id"], name="audit_lead_id_idx"),
+            models.Index(fields=["group"], name="audit_group_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.type} #{self.id}"

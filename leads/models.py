@@ -57,7 +57,7 @@ class Lead(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     email = models.EmailField(max_length=254)
-    email_normalized = models.CharField(max_length=254, db_index=True)
+    email_normalized = models.CharField(max_length=254)  # looked up through lead_dedup_idx
     first_name = models.CharField(max_length=100, blank=True, default="")
     last_name = models.CharField(max_length=100, blank=True, default="")
     company = models.CharField(max_length=200, blank=True, default="")
@@ -68,14 +68,17 @@ class Lead(models.Model):
     product = models.CharField(max_length=100, blank=True, default="")
     score = models.PositiveSmallIntegerField(null=True, blank=True)
     company_size = models.PositiveIntegerField(null=True, blank=True)
-    external_id = models.CharField(max_length=255, blank=True, default="", db_index=True)
+    external_id = models.CharField(max_length=255, blank=True, default="")
     attributes = models.JSONField(default=dict, blank=True)
     raw_payload = models.JSONField(default=dict, blank=True)
     requested_group = models.CharField(max_length=64, blank=True, default="")
 
     group = models.ForeignKey(Group, null=True, blank=True, on_delete=models.PROTECT, related_name="leads")
     status = models.CharField(max_length=10, choices=LeadStatus.choices)
-    owner = models.ForeignKey(Rep, null=True, blank=True, on_delete=models.PROTECT, related_name="leads")
+    # Looked up through lead_owner_status_idx (owner first): no index of its own.
+    owner = models.ForeignKey(
+        Rep, null=True, blank=True, on_delete=models.PROTECT, related_name="leads", db_index=False
+    )
     queue_reason = models.CharField(max_length=300, blank=True, default="")
     outcome = models.CharField(max_length=20, choices=Outcome.choices, blank=True, default="")
     escalations = models.PositiveIntegerField(default=0)
@@ -93,6 +96,8 @@ class Lead(models.Model):
             models.Index(fields=["status", "group", "id"], name="lead_status_group_idx"),
             models.Index(fields=["owner", "status"], name="lead_owner_status_idx"),
             models.Index(fields=["email_normalized", "status", "created_at"], name="lead_dedup_idx"),
+            # Exact matches only (imports are idempotent by external_id): no pattern-ops twin.
+            models.Index(fields=["external_id"], name="lead_external_id_idx"),
         ]
         constraints = [
             # An open lead always has exactly one owner; a queued lead has none.
@@ -130,9 +135,13 @@ class Assignment(models.Model):
         REROUTE = "reroute"
 
     id = models.BigAutoField(primary_key=True)
-    lead = models.ForeignKey(Lead, on_delete=models.PROTECT, related_name="assignments")
+    # Both looked up through the composite indexes below (unique_lead_attempt, assignment_daily_idx):
+    # every index is written once per lead, so none is kept twice.
+    lead = models.ForeignKey(Lead, on_delete=models.PROTECT, related_name="assignments", db_index=False)
     rep = models.ForeignKey(Rep, on_delete=models.PROTECT, related_name="assignments")
-    group = models.ForeignKey(Group, null=True, on_delete=models.PROTECT, related_name="assignments")
+    group = models.ForeignKey(
+        Group, null=True, on_delete=models.PROTECT, related_name="assignments", db_index=False
+    )
     attempt = models.PositiveIntegerField()
     reason = models.CharField(max_length=20, choices=Reason.choices)
     started_at = models.DateTimeField()
