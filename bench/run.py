@@ -272,6 +272,8 @@ def scrape(port: int) -> dict[str, float]:
         "leadrouter_rotation_lock_held_seconds_count",
         "leadrouter_routing_duration_seconds_sum",
         "leadrouter_routing_duration_seconds_count",
+        "leadrouter_intake_batch_size_sum",
+        "leadrouter_intake_batch_size_count",
     )
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -595,7 +597,7 @@ def report(rows: list[tuple[HttpRun, SqlRun | None]], sql_runs: list[SqlRun]) ->
     lines = []
     head = (
         f"{'scenario':<24}{'HTTP leads/s':>13}{'raw SQL/s':>11}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}"
-        f"{'max ms':>8}{'errors':>8}{'lock ms':>9}{'held ms':>8}{'cpu ms':>8}{'exact':>7}"
+        f"{'max ms':>8}{'errors':>8}{'lock ms':>9}{'held ms':>8}{'batch':>7}{'cpu ms':>8}{'exact':>7}"
     )
     lines.append(head)
     lines.append("-" * len(head))
@@ -609,12 +611,12 @@ def report(rows: list[tuple[HttpRun, SqlRun | None]], sql_runs: list[SqlRun]) ->
             f"{run.name:<24}{fmt(run.rate):>13}{fmt(sql.tps) if sql else '-':>11}{fmt(ratio, 2):>7}"
             f"{fmt(run.pct(0.50)):>8}{fmt(run.pct(0.99)):>8}{fmt(max(run.latencies_ms, default=float('nan'))):>8}"
             f"{errors:>8}{fmt(lock, 2):>9}{fmt(run.server.get('held_ms', float('nan')), 2):>8}"
-            f"{fmt(run.server.get('web_cpu_ms', float('nan'))):>8}"
+            f"{fmt(run.server.get('batch', float('nan'))):>7}{fmt(run.server.get('web_cpu_ms', float('nan'))):>8}"
             f"{('yes' if run.exact else 'NO'):>7}"
         )
     for sql in sql_runs:
         lines.append(
-            f"{sql.name:<24}{'':>13}{fmt(sql.tps):>11}{'':>7}{'':>8}{'':>8}{'':>8}{sql.failed:>8}{'':>9}{'':>8}{'':>8}"
+            f"{sql.name:<24}{'':>13}{fmt(sql.tps):>11}{'':>7}{'':>8}{'':>8}{'':>8}{sql.failed:>8}{'':>9}{'':>8}{'':>7}{'':>8}"
             f"{('yes' if sql.exact else 'NO'):>7}   (pgbench avg latency {fmt(sql.latency_ms, 2)} ms)"
         )
     return lines
@@ -744,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
         f"gunicorn: {env.get('WEB_WORKERS', 'default')} workers x {env.get('WEB_THREADS', 'default')} threads "
         f"(gunicorn.conf.py); Idempotency-Key: {'yes' if args.idempotency_keys else 'no'}; "
         "lock ms / held ms = mean time to take / hold the rotation row lock, from /metrics; "
+        "batch = mean leads per routing transaction; "
         "cpu ms = CPU time of the web processes per request"
     )
     lines.append(f"load after: {uptime()}")
@@ -784,6 +787,8 @@ def server_means(run: HttpRun, before: dict[str, float], after: dict[str, float]
     run.server = {
         "lock_ms": mean("leadrouter_rotation_lock_wait_seconds"),
         "held_ms": mean("leadrouter_rotation_lock_held_seconds"),
+        # Leads per routing transaction (intake batching; 1 = every lead on its own).
+        "batch": mean("leadrouter_intake_batch_size") / 1000,
         "routing_ms": mean("leadrouter_routing_duration_seconds"),
         # CPU of the web processes per request (the scrapes included, a rounding error).
         "web_cpu_ms": cpu_seconds / sum(run.statuses.values()) * 1000 if run.statuses else float("nan"),

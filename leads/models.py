@@ -139,9 +139,7 @@ class Assignment(models.Model):
     # every index is written once per lead, so none is kept twice.
     lead = models.ForeignKey(Lead, on_delete=models.PROTECT, related_name="assignments", db_index=False)
     rep = models.ForeignKey(Rep, on_delete=models.PROTECT, related_name="assignments")
-    group = models.ForeignKey(
-        Group, null=True, on_delete=models.PROTECT, related_name="assignments", db_index=False
-    )
+    group = models.ForeignKey(Group, null=True, on_delete=models.PROTECT, related_name="assignments", db_index=False)
     attempt = models.PositiveIntegerField()
     reason = models.CharField(max_length=20, choices=Reason.choices)
     started_at = models.DateTimeField()

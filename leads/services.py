@@ -285,10 +285,10 @@ def _intake_batch(jobs: list[IntakeJob]) -> None:
     """Runs a batch (leads/batching.py): one transaction for all when there are several; each
     job gets its result or its error. If the shared transaction fails for another reason than
     a busy rotation, each lead is routed again on its own, so one bad lead fails alone."""
+    metrics.intake_batch(len(jobs))
     if len(jobs) == 1:
         _intake_one_recorded(jobs[0])
         return
-    metrics.intake_batch(len(jobs))
     attempts = settings.ROUTING_MAX_RETRIES + 1
     for attempt in range(attempts):
         try:

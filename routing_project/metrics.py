@@ -67,8 +67,8 @@ LOCK_HELD_SECONDS = Histogram(
 )
 INTAKE_BATCH_SIZE = Histogram(
     "leadrouter_intake_batch_size",
-    "Leads routed together in one transaction by a web process (only batches of two or more).",
-    buckets=(2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+    "Leads routed together in one routing transaction by a web process (1: on its own).",
+    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
 )
 ESCALATIONS = Counter(
     "leadrouter_escalations", "Escalations of unaccepted leads, by group and outcome.", ["group", "outcome"]

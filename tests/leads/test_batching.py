@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pyt
 
 
 def batches_seen() -> tuple[float, float]:
-    """(batches, leads in them) from the batch size histogram."""
+    """(batches, leads in them) from the batch size histogram (batches of one included)."""
     samples = {s.name: s.value for metric in metrics.INTAKE_BATCH_SIZE.collect() for s in metric.samples}
     return samples["leadrouter_intake_batch_size_count"], samples["leadrouter_intake_batch_size_sum"]
 
@@ -47,6 +47,7 @@ def test_batched_intake_into_one_group_is_exact(make_group):
     total = 16 * 25
     batches, batched = (a - b for a, b in zip(batches_seen(), before, strict=True))
     assert batches > 0 and batched > batches  # leads did share transactions
+    assert batched == total
     assert Counter(status for status, _ in results) == {201: total}
     assert len({body["id"] for _, body in results}) == total
     leads = list(Lead.objects.filter(group=group).order_by("id"))
