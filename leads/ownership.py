@@ -127,11 +127,19 @@ def owner_decide(
 
 
 def group_decide(
-    *, owner: OwnerHint | None, group: Group, state: RotationState, now: datetime, exclude: Iterable[int] = ()
+    *,
+    owner: OwnerHint | None,
+    group: Group,
+    state: RotationState,
+    now: datetime,
+    exclude: Iterable[int] = (),
+    facts: list[MemberFacts] | None = None,
 ) -> tuple[list[MemberFacts], routing.Decision]:
     """The step every routing path shares: read the members now (after the rotation lock,
-    when routing for real) and decide from the group's rotation state."""
-    facts = routing.member_facts(group, now)
+    when routing for real; `facts` when the caller read them, e.g. for a batch) and decide
+    from the group's rotation state."""
+    if facts is None:
+        facts = routing.member_facts(group, now)
     decision = owner_decide(
         owner=owner,
         group=group,

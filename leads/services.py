@@ -374,14 +374,8 @@ def _route(
             lead.status, lead.queue_reason = LeadStatus.QUEUED, f"group '{group.slug}' is inactive"
         else:
             # The account owner when eligible (rotation untouched), else the rotation.
-            decision = ownership.owner_decide(
-                owner=job.resolution.owner,
-                group=group,
-                strategy=group.strategy,
-                pointer=state.pointer,
-                current_weights=state.current_weights or {},
-                facts=facts,
-                now=now,
+            _facts, decision = ownership.group_decide(
+                owner=job.resolution.owner, group=group, state=state, now=now, facts=facts
             )
             explanation.update(decision.explanation())
             if decision.rep_id is None:
