@@ -255,6 +255,10 @@ def web_cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
         except OSError:
             continue  # a worker that just exited
         total += (int(fields[11]) + int(fields[12])) / tick
+        if pid == proc.pid:
+            # Workers recycled (max_requests) and reaped: their CPU moved to the master's
+            # children counters, so the total never goes down.
+            total += (int(fields[13]) + int(fields[14])) / tick
     return total
 
 
