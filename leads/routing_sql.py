@@ -9,6 +9,7 @@ keeps using); the column lists come from the models, so a new field is picked up
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from django.utils import timezone
 from rotation.models import Absence, Group, Membership, Rep, RotationState
 from routing_project.db import server_bound_cursor
 
-from .models import Lead
+from .models import IdempotencyRecord, Lead
 
 
 def _qn(name: str) -> str:
@@ -382,3 +383,21 @@ def batch_write(
         lead.id = lead_id
         lead._state.adding = False
     return lead_ids, [list(ids or []) for ids in row[1:]]
+
+
+def idempotency_store_many(rows: list[tuple[int, int, bytes, int]], *, done: str) -> None:
+    """Stores a batch's answers to Idempotency-Key requests (record id, status, body, lead id)
+    in one statement, as `services._idempotency_store` does one by one."""
+    table = _qn(IdempotencyRecord._meta.db_table)
+    values = [
+        {"id": pk, "status": status, "body": base64.b64encode(body).decode(), "lead_id": lead_id}
+        for pk, status, body, lead_id in rows
+    ]
+    with server_bound_cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} i SET state = %s, response_status = v.status, "  # noqa: S608 - identifiers from the models
+            "response_body = decode(v.body, 'base64'), lead_id = v.lead_id "
+            "FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, status integer, body text, lead_id bigint) "
+            "WHERE i.id = v.id",
+            [str(done), json.dumps(values)],
+        )

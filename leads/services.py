@@ -193,6 +193,9 @@ class IntakeJob(batching.Waiter):
     actor: str
     request_id: str
     email_normalized: str
+    # With an Idempotency-Key: the claimed record, and how to render the answer stored in it.
+    idempotency: IdempotencyRecord | None = None
+    render: Callable[[Lead, int | None], bytes] | None = None
     result: IntakeResult | None = None
     error: BaseException | None = None
 
@@ -216,16 +219,25 @@ def lead_intake(
     lock and the dedup check, the group's rotation row lock, eligibility read after it, the
     pick, the lead and its assignment, the rotation advance, the audit events, and the
     stored idempotent response. On PostgreSQL, concurrent intakes of one process share that
-    transaction (leads/batching.py), except those with an Idempotency-Key.
+    transaction (leads/batching.py).
     """
     resolution = lead_resolve_group(data=data, requested=requested)
     metrics.lead_received(group=resolution.group.slug if resolution.group else None)
     started = time.perf_counter()
     rid = request_id_var.get()
     job = IntakeJob(
-        data, raw or {}, requested, resolution, client, actor, "" if rid == "-" else rid, normalize_email(data["email"])
+        data,
+        raw or {},
+        requested,
+        resolution,
+        client,
+        actor,
+        "" if rid == "-" else rid,
+        normalize_email(data["email"]),
+        idempotency=idempotency,
+        render=render,
     )
-    if idempotency is None and connection.vendor == "postgresql" and settings.INTAKE_BATCH_MAX > 1:
+    if connection.vendor == "postgresql" and settings.INTAKE_BATCH_MAX > 1:
         _combiner().submit(job)
         if job.error is not None:
             raise job.error
@@ -316,7 +328,7 @@ def _intake_batch(jobs: list[IntakeJob]) -> None:
 
 def _intake_one_recorded(job: IntakeJob) -> None:
     try:
-        job.result = _intake_one(job, None, None)
+        job.result = _intake_one(job, job.render, job.idempotency)
     except Exception as exc:  # noqa: BLE001 - handed to the job's own request thread, which raises it
         job.error = exc
 
@@ -629,7 +641,16 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
 
     # Back in arrival order: the duplicates where they were, the new leads in between.
     new_leads = iter(routed_all)
-    return [result or IntakeResult(next(new_leads).lead, None, 201, b"") for result in results]
+    ordered = [result or IntakeResult(next(new_leads).lead, None, 201, b"") for result in results]
+    # Answers to store with an Idempotency-Key: rendered now, written in this transaction.
+    stored = []
+    for job, result in zip(jobs, ordered, strict=True):
+        if job.idempotency is not None and job.render is not None:
+            result.body = job.render(result.lead, result.duplicate_of)
+            stored.append((job.idempotency.pk, result.status_code, result.body, result.lead.id))
+    if stored:
+        routing_sql.idempotency_store_many(stored, done=IdempotencyRecord.State.DONE)
+    return ordered
 
 
 def _iso(value: Any) -> str | None:

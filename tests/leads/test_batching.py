@@ -187,3 +187,29 @@ def test_batches_spanning_groups_keep_each_rotation_strict(make_group):
         order = [r.id for r in reps]
         assert [lead.owner_id for lead in leads] == [order[i % 3] for i in range(64)]
         assert RotationState.objects.get(group=group).turns == 64
+
+
+def test_requests_with_an_idempotency_key_are_batched_and_replay_their_answer(make_group):
+    make_group(3, slug="keyed")
+    _client, token = api_client_with(["intake"])
+    before = batches_seen()
+
+    def worker(i: int) -> list[tuple[str, int, bytes]]:
+        c = http_client(token)
+        out = []
+        for j in range(10):
+            key = f"k{i}-{j}"
+            r = post(c, {"email": f"k{i}-{j}@batch.example", "group": "keyed"}, **{"Idempotency-Key": key})
+            out.append((key, r.status_code, r.content))
+        return out
+
+    first = [item for chunk in run_threads(16, worker) for item in chunk]
+    batches, batched = (a - b for a, b in zip(batches_seen(), before, strict=True))
+    assert batched == 160 and batches < 160  # some keyed requests shared a transaction
+    assert {status for _, status, _ in first} == {201}
+    c = http_client(token)
+    for key, _status, body in first:
+        i, j = key[1:].split("-")
+        replay = post(c, {"email": f"k{i}-{j}@batch.example", "group": "keyed"}, **{"Idempotency-Key": key})
+        assert (replay.status_code, replay["Idempotent-Replayed"], replay.content) == (200, "true", body)
+    assert Lead.objects.count() == 160
