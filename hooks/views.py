@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
+from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -17,7 +19,7 @@ from leads.api.serializers import LeadInSerializer
 from leads.models import Lead
 from leads.routing import RoutingBusy
 from routing_project.exceptions import ServiceUnavailable
-from security.ratelimit import rate_limit_hit
+from security.ratelimit import rate_limit_count, rate_limit_hit
 
 from . import services
 from .models import IntakeSource
@@ -97,12 +99,21 @@ class HookView(APIView):
         if intake_source is None:
             raise exceptions.NotFound("No active intake source with this slug.")
         body = request.body
+        # An address sending bad signatures is cut off for the rest of the minute (429): each
+        # try costs an HMAC and a look-up, and guessing is what they look like.
+        failures_key = f"hookfail:{request.META.get('REMOTE_ADDR') or '-'}"
+        limit = settings.HOOK_SIGNATURE_FAILURES_PER_ADDRESS
+        if rate_limit_count(key=failures_key) >= limit:
+            raise exceptions.Throttled(
+                wait=60 - int(time.time()) % 60, detail="Too many requests with a bad signature from this address."
+            )
         try:
             signature = services.hook_verify(
                 source=intake_source, header=request.headers.get("X-Signature", ""), body=body
             )
         except services.SignatureError as exc:
             logger.warning("hook rejected: source=%s reason=%s", intake_source.slug, exc)
+            rate_limit_hit(key=failures_key, limit=limit)
             raise exceptions.AuthenticationFailed(str(exc)) from None
         # created_at in the key: a re-created database never inherits an old source's counter.
         key = f"source:{intake_source.pk}:{intake_source.created_at.timestamp():.6f}"

@@ -268,6 +268,8 @@ SPECTACULAR_SETTINGS = {
 # default guards against a runaway client, not a busy one. Set a lower limit per client.
 API_RATE_LIMIT_PER_MINUTE = env.int("API_RATE_LIMIT_PER_MINUTE", default=60000)
 # Failed logins allowed per (username, address) and per address in 15 minutes.
+# Signed intake: bad signatures allowed per client address and minute before 429.
+HOOK_SIGNATURE_FAILURES_PER_ADDRESS = env.int("HOOK_SIGNATURE_FAILURES_PER_ADDRESS", default=20)
 LOGIN_FAILURES_PER_USER = env.int("LOGIN_FAILURES_PER_USER", default=5)
 LOGIN_FAILURES_PER_ADDRESS = env.int("LOGIN_FAILURES_PER_ADDRESS", default=50)
 AUTHENTICATION_BACKENDS = ["security.login.ThrottledModelBackend"]

@@ -13,8 +13,17 @@ from audit.models import AuditEvent
 from hooks import services
 from hooks.models import HookDelivery, IntakeSource
 from leads.models import Lead
+from security.ratelimit import rate_limit_reset
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_earlier_failures():
+    """Bad signatures are counted per address (the test client's is 127.0.0.1) and minute."""
+    rate_limit_reset(key="hookfail:127.0.0.1")
+    yield
+    rate_limit_reset(key="hookfail:127.0.0.1")
 
 
 @pytest.fixture
@@ -234,3 +243,14 @@ def test_a_replay_racing_the_original_is_refused(make_group):
         t.join(timeout=60)
     assert sorted(codes) == [201, 401, 401, 401]
     assert Lead.objects.filter(email="race@acme.example").count() == 1
+
+
+def test_an_address_sending_bad_signatures_is_cut_off_for_the_minute(source, make_group, settings):
+    make_group(1, slug="emea", is_default=True)
+    settings.HOOK_SIGNATURE_FAILURES_PER_ADDRESS = 3
+    codes = [post_signed(source, b'{"email": "g@acme.example"}', secret="whsec_guess").status_code for _ in range(3)]
+    assert codes == [401, 401, 401]
+    # Past the limit even a good signature from that address waits for the next minute.
+    r = post_signed(source, b'{"email": "good@acme.example"}')
+    assert r.status_code == 429 and 1 <= int(r["Retry-After"]) <= 60
+    assert not Lead.objects.exists()
