@@ -237,7 +237,8 @@ def lead_intake(
         idempotency=idempotency,
         render=render,
     )
-    if connection.vendor == "postgresql" and settings.INTAKE_BATCH_MAX > 1:
+    # A caller's own transaction must hold its lead: batches run in the leader's connection.
+    if connection.vendor == "postgresql" and settings.INTAKE_BATCH_MAX > 1 and not connection.in_atomic_block:
         _combiner().submit(job)
         if job.error is not None:
             raise job.error

@@ -213,3 +213,19 @@ def test_requests_with_an_idempotency_key_are_batched_and_replay_their_answer(ma
         replay = post(c, {"email": f"k{i}-{j}@batch.example", "group": "keyed"}, **{"Idempotency-Key": key})
         assert (replay.status_code, replay["Idempotent-Replayed"], replay.content) == (200, "true", body)
     assert Lead.objects.count() == 160
+
+
+def test_an_intake_inside_the_callers_transaction_is_never_batched(make_group, monkeypatch):
+    from django.db import transaction
+
+    from tests.conftest import lead_body
+
+    group, _reps = make_group(2, slug="inner")
+    monkeypatch.setattr(services, "_combiner", lambda: pytest.fail("batched inside a transaction"))
+    with transaction.atomic():
+        result = services.lead_intake(
+            data=lead_body(), requested=group, client=None, actor="test", render=lambda lead, dup: b"{}"
+        )
+        transaction.set_rollback(True)
+    assert result.status_code == 201
+    assert not Lead.objects.exists()  # it rolled back with the caller's transaction
