@@ -241,6 +241,32 @@ def test_replay_with_proposed_rules_moves_leads_between_groups(api, make_group):
     assert fr_counts == {f1.id: (0, 2), f2.id: (0, 1)}
 
 
+def test_a_proposed_rule_into_a_group_idle_in_the_window_starts_from_its_rotation_now(api, make_group):
+    """France routed a lead before the window (its next turn is its second rep's) and none in
+    it; a proposed rule sending the window's French lead there continues France's rotation from
+    the row as it is now, not from the start."""
+    make_group(1, slug="emea", is_default=True)
+    fr, (f1, f2) = make_group(2, slug="france")
+    post(api, "france")  # before the window: f1's turn, so the next one is f2's
+    since = timezone.now()
+    post(api, country="FR")  # no rule yet: to emea
+    rules = [
+        {
+            "name": "FR",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+            "group": "france",
+        }
+    ]
+    before = snapshot()
+    result = replay(api, since=since.isoformat(), config={"rules": rules})
+    assert snapshot() == before
+    fr_counts, _ = counts(result, "france")
+    assert fr_counts.get(f2.id) == (0, 1)
+    assert fr_counts.get(f1.id, (0, 0)) == (0, 0)
+    assert RotationState.objects.get(group=fr).pointer == Membership.objects.get(group=fr, rep=f2).position
+
+
 @pytest.mark.parametrize(
     ("body", "field", "message"),
     [
