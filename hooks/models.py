@@ -5,6 +5,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from security.fields import SealedField
+
 # The lead fields a source may map its form fields to (plus `attributes.<key>`).
 LEAD_FIELDS = (
     "email",
@@ -46,9 +48,9 @@ class IntakeSource(models.Model):
 
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=100)
-    secret = models.CharField(max_length=128, editable=False)
+    secret = SealedField(editable=False)  # encrypted at rest (security/fields.py)
     secret_prefix = models.CharField(max_length=12, editable=False, help_text="To recognise the secret.")
-    previous_secret = models.CharField(max_length=128, blank=True, default="", editable=False)
+    previous_secret = SealedField(blank=True, default="", editable=False)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     field_map = models.JSONField(
         default=dict,

@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 
 from rotation.models import Group, Rep
+from security.fields import SealedField
 
 
 def new_secret() -> str:
@@ -23,8 +24,7 @@ class WebhookEndpoint(models.Model):
 
     group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="webhook_endpoints")
     url = models.URLField(max_length=500)
-    secret = models.CharField(
-        max_length=128,
+    secret = SealedField(  # encrypted at rest (security/fields.py)
         default=new_secret,
         help_text="Signs each delivery: X-Signature: t=<unix>,v1=<hex HMAC-SHA256 of '<t>.<body>'>.",
     )

@@ -268,6 +268,10 @@ SPECTACULAR_SETTINGS = {
 # default guards against a runaway client, not a busy one. Set a lower limit per client.
 API_RATE_LIMIT_PER_MINUTE = env.int("API_RATE_LIMIT_PER_MINUTE", default=60000)
 # Failed logins allowed per (username, address) and per address in 15 minutes.
+# Fernet keys that encrypt the HMAC secrets kept in the database (security/fields.py): the
+# first encrypts, all decrypt. Empty: one derived from SECRET_KEY (then changing SECRET_KEY
+# makes the stored secrets unreadable; production should set these).
+SECRET_BOX_KEYS = env.list("SECRET_BOX_KEYS", default=[])
 # Signed intake: bad signatures allowed per client address and minute before 429.
 HOOK_SIGNATURE_FAILURES_PER_ADDRESS = env.int("HOOK_SIGNATURE_FAILURES_PER_ADDRESS", default=20)
 LOGIN_FAILURES_PER_USER = env.int("LOGIN_FAILURES_PER_USER", default=5)

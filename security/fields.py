@@ -1,0 +1,76 @@
+"""Secrets the product must read back (HMAC keys of signed intake and outbound webhooks),
+stored encrypted.
+
+A token can be hashed, since it is only compared. An HMAC key cannot: verifying or signing
+needs the key itself. So these columns hold a Fernet token (AES-128-CBC with HMAC-SHA256,
+`cryptography`), and a database dump or a read-only replica gives nothing usable.
+
+Keys: SECRET_BOX_KEYS (comma-separated Fernet keys, `Fernet.generate_key()`); the first one
+encrypts, every one decrypts, so a key is rotated by putting a new one first and re-saving
+(`manage.py reseal_secrets`). Without SECRET_BOX_KEYS the key is derived from SECRET_KEY:
+then changing SECRET_KEY makes the stored secrets unreadable, so production should set
+SECRET_BOX_KEYS.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from functools import cache
+from typing import Any
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models
+
+PREFIX = "fernet:"
+
+
+@cache
+def _box(keys: tuple[str, ...], secret_key: str) -> MultiFernet:
+    if not keys:
+        derived = hashlib.sha256(b"leadrouter secret box\x00" + secret_key.encode()).digest()
+        keys = (base64.urlsafe_b64encode(derived).decode(),)
+    try:
+        return MultiFernet([Fernet(key.encode()) for key in keys])
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"SECRET_BOX_KEYS: {exc}") from None
+
+
+def box() -> MultiFernet:
+    return _box(tuple(getattr(settings, "SECRET_BOX_KEYS", ())), settings.SECRET_KEY)
+
+
+def seal(plain: str) -> str:
+    return PREFIX + box().encrypt(plain.encode()).decode()
+
+
+def unseal(stored: str) -> str:
+    """The plain secret; a value stored before encryption (no prefix) is returned as it is."""
+    if not stored.startswith(PREFIX):
+        return stored
+    try:
+        return box().decrypt(stored[len(PREFIX) :].encode()).decode()
+    except InvalidToken:
+        raise ImproperlyConfigured(
+            "A stored secret cannot be decrypted: SECRET_BOX_KEYS (or SECRET_KEY, when it is not set) "
+            "no longer holds the key it was encrypted with."
+        ) from None
+
+
+class SealedField(models.TextField):
+    """A text secret, encrypted in the database and plain in Python. Only equality with the
+    empty string can be looked up (each encryption differs)."""
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        return unseal(value) if value else value
+
+    def to_python(self, value: Any) -> Any:
+        return unseal(value) if isinstance(value, str) and value else value
+
+    def get_prep_value(self, value: Any) -> Any:
+        value = super().get_prep_value(value)
+        if not value or value.startswith(PREFIX):
+            return value
+        return seal(value)

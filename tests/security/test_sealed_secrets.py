@@ -1,0 +1,74 @@
+"""HMAC secrets (signed intake, outbound webhooks) are encrypted in the database and plain in
+Python; keys rotate without losing them."""
+
+import io
+
+import pytest
+from cryptography.fernet import Fernet
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import connection
+
+from hooks import services as hook_services
+from hooks.models import IntakeSource
+from notifications.models import WebhookEndpoint
+from security.fields import PREFIX
+
+pytestmark = pytest.mark.django_db
+
+
+def stored(table: str, column: str, pk: int) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT "{column}" FROM {table} WHERE id = %s', [pk])  # noqa: S608 - test tables
+        return cursor.fetchone()[0]
+
+
+def test_secrets_are_encrypted_at_rest_and_plain_in_python(make_group):
+    group, _reps = make_group(1)
+    source, secret = hook_services.source_create(slug="form", name="Form", actor="test", field_map={})
+    endpoint = WebhookEndpoint.objects.create(group=group, url="https://hooks.example/in")
+
+    raw = stored("hooks_intakesource", "secret", source.pk)
+    assert raw.startswith(PREFIX) and secret not in raw
+    assert IntakeSource.objects.get(pk=source.pk).secret == secret
+    raw = stored("notifications_webhookendpoint", "secret", endpoint.pk)
+    assert raw.startswith(PREFIX) and endpoint.secret not in raw
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == endpoint.secret
+
+    # Rotation keeps the previous secret, encrypted too.
+    new = hook_services.source_rotate_secret(source=IntakeSource.objects.get(pk=source.pk), actor="test")
+    reloaded = IntakeSource.objects.get(pk=source.pk)
+    assert (reloaded.secret, reloaded.previous_secret) == (new, secret)
+    assert secret not in stored("hooks_intakesource", "previous_secret", source.pk)
+
+
+def test_keys_rotate_and_a_missing_key_is_a_clear_error(make_group, settings):
+    group, _reps = make_group(1)
+    old_key, new_key = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.SECRET_BOX_KEYS = [old_key]
+    endpoint = WebhookEndpoint.objects.create(group=group, url="https://hooks.example/in")
+    before = stored("notifications_webhookendpoint", "secret", endpoint.pk)
+
+    settings.SECRET_BOX_KEYS = [new_key, old_key]  # the new key first: both decrypt
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == endpoint.secret
+    out = io.StringIO()
+    call_command("reseal_secrets", stdout=out)
+    assert "re-encrypted" in out.getvalue()
+    assert stored("notifications_webhookendpoint", "secret", endpoint.pk) != before
+
+    settings.SECRET_BOX_KEYS = [new_key]  # the old key dropped after resealing
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == endpoint.secret
+    settings.SECRET_BOX_KEYS = [old_key]  # the wrong key: refused, naming the setting
+    with pytest.raises(ImproperlyConfigured, match="SECRET_BOX_KEYS"):
+        WebhookEndpoint.objects.get(pk=endpoint.pk)
+
+
+def test_a_secret_stored_before_encryption_reads_as_it_is_and_is_sealed_by_reseal(make_group):
+    group, _reps = make_group(1)
+    endpoint = WebhookEndpoint.objects.create(group=group, url="https://hooks.example/in")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE notifications_webhookendpoint SET secret = 'legacy-plain' WHERE id = %s", [endpoint.pk])
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == "legacy-plain"
+    call_command("reseal_secrets", stdout=io.StringIO())
+    assert stored("notifications_webhookendpoint", "secret", endpoint.pk).startswith(PREFIX)
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == "legacy-plain"
