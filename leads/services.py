@@ -572,8 +572,8 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
     """The routing transaction for a batch: every email's lock (in one order), one dedup
     check, every group's rotation lock (in id order), each group's members read once after
     it, the leads decided one after the other in arrival order (each decision moves the
-    in-memory rotation and counts the next one reads), and their rows written in two
-    statements."""
+    in-memory rotation and counts the next one reads), and all their rows and the advances
+    written in one statement (plus one for the answers of Idempotency-Key requests)."""
     now = timezone.now()
     routing_sql.intake_begin_many(
         emails=sorted(job.email_normalized for job in jobs), lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
