@@ -74,3 +74,27 @@ class SealedField(models.TextField):
         if not value or value.startswith(PREFIX):
             return value
         return seal(value)
+
+
+def migration_seal(app_label: str, model_name: str, fields: list[str]) -> tuple[Any, Any]:
+    """The RunPython pair of a migration that turns `fields` into SealedFields: forward,
+    existing plain secrets encrypted in place (the field seals on save); backward, plain text
+    again (run before the columns go back to their old type)."""
+
+    def forward(apps: Any, schema_editor: Any) -> None:
+        model = apps.get_model(app_label, model_name)
+        for row in model.objects.values("pk", *fields):
+            model.objects.filter(pk=row.pop("pk")).update(**{f: v for f, v in row.items() if v})
+
+    def backward(apps: Any, schema_editor: Any) -> None:
+        model = apps.get_model(app_label, model_name)
+        table = schema_editor.quote_name(model._meta.db_table)
+        with schema_editor.connection.cursor() as cursor:
+            for field in fields:
+                column = schema_editor.quote_name(field)
+                cursor.execute(f"SELECT id, {column} FROM {table}")  # noqa: S608 - identifiers from the model
+                for pk, value in cursor.fetchall():
+                    if value:
+                        cursor.execute(f"UPDATE {table} SET {column} = %s WHERE id = %s", [unseal(value), pk])  # noqa: S608
+
+    return forward, backward

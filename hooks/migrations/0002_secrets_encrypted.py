@@ -4,29 +4,7 @@ import security.fields
 from django.db import migrations
 
 
-FIELDS = ["secret", "previous_secret"]
-
-
-def seal_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
-    """Rows written before: their plain secrets, encrypted in place (the field seals on save)."""
-    model = apps.get_model("hooks", "intakesource")
-    for row in model.objects.values("pk", *FIELDS):
-        model.objects.filter(pk=row.pop("pk")).update(**{f: v for f, v in row.items() if v})
-
-
-def unseal_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
-    """Back to plain text (before the columns go back to their old type)."""
-    from security.fields import unseal
-
-    model = apps.get_model("hooks", "intakesource")
-    table = schema_editor.quote_name(model._meta.db_table)
-    with schema_editor.connection.cursor() as cursor:
-        for field in FIELDS:
-            column = schema_editor.quote_name(field)
-            cursor.execute(f"SELECT id, {column} FROM {table}")  # noqa: S608 - identifiers from the model
-            for pk, value in cursor.fetchall():
-                if value:
-                    cursor.execute(f"UPDATE {table} SET {column} = %s WHERE id = %s", [unseal(value), pk])  # noqa: S608
+SEAL = security.fields.migration_seal("hooks", "intakesource", ["secret", "previous_secret"])
 
 
 class Migration(migrations.Migration):
@@ -45,5 +23,5 @@ class Migration(migrations.Migration):
             name="secret",
             field=security.fields.SealedField(editable=False),
         ),
-        migrations.RunPython(seal_existing, unseal_existing),
+        migrations.RunPython(*SEAL),
     ]

@@ -5,29 +5,7 @@ import security.fields
 from django.db import migrations
 
 
-FIELDS = ["secret"]
-
-
-def seal_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
-    """Rows written before: their plain secrets, encrypted in place (the field seals on save)."""
-    model = apps.get_model("notifications", "webhookendpoint")
-    for row in model.objects.values("pk", *FIELDS):
-        model.objects.filter(pk=row.pop("pk")).update(**{f: v for f, v in row.items() if v})
-
-
-def unseal_existing(apps, schema_editor):  # type: ignore[no-untyped-def]
-    """Back to plain text (before the columns go back to their old type)."""
-    from security.fields import unseal
-
-    model = apps.get_model("notifications", "webhookendpoint")
-    table = schema_editor.quote_name(model._meta.db_table)
-    with schema_editor.connection.cursor() as cursor:
-        for field in FIELDS:
-            column = schema_editor.quote_name(field)
-            cursor.execute(f"SELECT id, {column} FROM {table}")  # noqa: S608 - identifiers from the model
-            for pk, value in cursor.fetchall():
-                if value:
-                    cursor.execute(f"UPDATE {table} SET {column} = %s WHERE id = %s", [unseal(value), pk])  # noqa: S608
+SEAL = security.fields.migration_seal("notifications", "webhookendpoint", ["secret"])
 
 
 class Migration(migrations.Migration):
@@ -44,5 +22,5 @@ class Migration(migrations.Migration):
                 help_text="Signs each delivery: X-Signature: t=<unix>,v1=<hex HMAC-SHA256 of '<t>.<body>'>.",
             ),
         ),
-        migrations.RunPython(seal_existing, unseal_existing),
+        migrations.RunPython(*SEAL),
     ]
