@@ -98,18 +98,22 @@ DRAIN_FLAG_TTL_MS = 10_000
 
 class _Flag:
     client: Any = None
+    url: str = ""
 
 
 def _drain_flag() -> tuple[Any, str] | None:
-    """The broker's Redis client and the drain flag's key; None when the broker is not Redis
-    (then one task per message)."""
-    url = settings.CELERY_BROKER_URL
+    """The Redis client of the broker tasks are published to, and the drain flag's key; None
+    when that broker is not Redis (then one task per message)."""
+    from routing_project.celery import app
+
+    url = str(app.conf.broker_write_url or app.conf.broker_url or "")
     if not url.startswith(("redis://", "rediss://")):
         return None
-    if _Flag.client is None:
+    if _Flag.client is None or _Flag.url != url:
         import redis
 
         _Flag.client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        _Flag.url = url
     # Beside the broker's own keys (a purge of the queue takes the flag with it), per database:
     # deployments and parallel test runs sharing a Redis stay apart.
     prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
