@@ -20,7 +20,7 @@ from typing import Any
 from uuid import UUID
 
 import orjson
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import Field, Model
 from django.utils import timezone
 
@@ -30,24 +30,33 @@ from routing_project.db import server_bound_cursor
 from .models import IdempotencyRecord, Lead
 
 
+@cache
 def _qn(name: str) -> str:
+    # Identifiers come from the models, a fixed set: quoted once each (this module runs on
+    # PostgreSQL only, so the quoting never changes within a process).
     return connection.ops.quote_name(name)
 
 
-def _convert(fields: list[Field], row: tuple[Any, ...]) -> list[Any]:
+@cache
+def _converters(fields: tuple[Field, ...]) -> list[tuple[Any, ...]]:
+    return [tuple(f.get_db_converters(connection)) for f in fields]  # type: ignore[attr-defined]
+
+
+def _convert(fields: tuple[Field, ...], row: tuple[Any, ...]) -> list[Any]:
     """Applies the fields' own converters (JSON columns arrive as text), as the ORM would."""
     values = []
-    for f, value in zip(fields, row, strict=True):
-        for converter in f.get_db_converters(connection):  # type: ignore[attr-defined]
-            value = converter(value, None, connection)
+    conn = connections[DEFAULT_DB_ALIAS]  # looked up once, not through the proxy per value
+    for converters, value in zip(_converters(fields), row, strict=True):
+        for converter in converters:
+            value = converter(value, None, conn)
         values.append(value)
     return values
 
 
 @cache
-def _lock_statement(many: bool = False) -> tuple[str, list[Field], list[Field]]:
-    state_fields = list(RotationState._meta.concrete_fields)
-    group_fields = list(Group._meta.concrete_fields)
+def _lock_statement(many: bool = False) -> tuple[str, tuple[Field, ...], tuple[Field, ...]]:
+    state_fields = tuple(RotationState._meta.concrete_fields)
+    group_fields = tuple(Group._meta.concrete_fields)
     columns = [f"r.{_qn(f.column)}" for f in state_fields] + [f"g.{_qn(f.column)}" for f in group_fields]
     group_id = f"r.{_qn('group_id')}"
     # Several rows: locked in group id order (LockRows runs above the sort).
@@ -238,14 +247,31 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, default=_json_default)
 
 
+@cache
+def _insert_statement(
+    model: type[Model], refs: tuple[tuple[str, str], ...]
+) -> tuple[str, list[tuple[Field, str, bool]]]:
+    """The INSERT's text and the getters of the values its JSON parameter carries, once per
+    (model, refs): building them costs more than the statement under a hot group's lock."""
+    by_name = dict(refs)
+    fields = _insert_fields(model)
+    table = _qn(model._meta.db_table)
+    getters = [g for g in _insert_getters(model) if "%s" in by_name.get(g[0].attname, "%s")]
+    columns = ", ".join(_qn(f.column) for f in fields)
+    values = ", ".join(by_name.get(f.attname, "%s").replace("%s", f"r.{_qn(f.column)}") for f in fields)
+    sql = (
+        f"INSERT INTO {table} ({columns}) SELECT {values} "  # noqa: S608 - identifiers from the models
+        f"FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) r RETURNING id"
+    )
+    return sql, getters
+
+
 def _insert(model: type[Model], objs: Sequence[Model], refs: dict[str, str], params: list[Any]) -> str:
     """INSERT ... SELECT of `objs` from one JSON parameter (jsonb_populate_recordset: PostgreSQL
     converts each value to its column's type), so the statement has a handful of parameters
     whatever the number of columns and rows: psycopg then caches its conversion and prepares
     it. `refs` puts SQL in place of a field's value (`%s` in it: the value)."""
-    fields = _insert_fields(model)
-    table = _qn(model._meta.db_table)
-    getters = [g for g in _insert_getters(model) if "%s" in refs.get(g[0].attname, "%s")]
+    sql, getters = _insert_statement(model, tuple(sorted(refs.items())))
     rows = [
         {
             column: f.pre_save(obj, True) if pre_save else getattr(obj, f.attname)  # type: ignore[attr-defined]
@@ -254,12 +280,7 @@ def _insert(model: type[Model], objs: Sequence[Model], refs: dict[str, str], par
         for obj in objs
     ]
     params.append(_dumps(rows))
-    columns = ", ".join(_qn(f.column) for f in fields)
-    values = ", ".join(refs.get(f.attname, "%s").replace("%s", f"r.{_qn(f.column)}") for f in fields)
-    return (
-        f"INSERT INTO {table} ({columns}) SELECT {values} "  # noqa: S608 - identifiers from the models
-        f"FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb) r RETURNING id"
-    )
+    return sql
 
 
 def lead_insert_with(

@@ -75,6 +75,9 @@ TEMPLATES = [
 # --- Database -------------------------------------------------------------------------------
 EMBEDDED_DATABASE_URL = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
 DATABASES = {"default": env.db("DATABASE_URL", default=EMBEDDED_DATABASE_URL)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Django's backend, with a pool check that costs no round trip (routing_project/postgresql).
+    DATABASES["default"]["ENGINE"] = "routing_project.postgresql"
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock when the transaction begins, so two routing
     # transactions never interleave: SQLite's stand-in for the rotation row lock.
@@ -83,8 +86,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 elif env.bool("DB_POOL", default=False):
     # psycopg's connection pool, one per process (production turns it on): a request borrows
-    # a connection and gives it back at its end, checked first (CONN_HEALTH_CHECKS), so a
-    # restarted PostgreSQL costs no failed request. Size it to the process's threads.
+    # a connection and gives it back at its end, checked first (CONN_HEALTH_CHECKS: a look at
+    # its socket, a round trip only when the server has spoken), so a restarted PostgreSQL
+    # costs no failed request. Size it to the process's threads.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {

@@ -1,0 +1,96 @@
+"""The pool's health check (routing_project/postgresql): no round trip for a healthy idle
+connection, and a connection the server dropped (a restart, pg_terminate_backend) is never
+handed to a request."""
+
+import psycopg
+import pytest
+from django.db import connection
+from django.db.utils import load_backend
+from psycopg_pool import ConnectionPool
+
+from routing_project.postgresql.base import idle_connection_check
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+class CountingConnection(psycopg.Connection):
+    """Counts the statements sent, the pool's own checks included."""
+
+    statements = 0
+
+    def execute(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        type(self).statements += 1
+        return super().execute(*args, **kwargs)
+
+
+def conninfo() -> str:
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    return psycopg.conninfo.make_conninfo(**{k: v for k, v in params.items() if isinstance(v, str | int)})
+
+
+def terminate(pids: list[int]) -> None:
+    with psycopg.connect(conninfo(), autocommit=True) as admin:
+        for pid in pids:
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+
+
+def test_a_healthy_idle_connection_is_checked_without_a_round_trip():
+    with ConnectionPool(
+        conninfo(), min_size=1, max_size=1, check=idle_connection_check, connection_class=CountingConnection
+    ) as pool:
+        with pool.connection() as conn:
+            conn.execute("SELECT 1")
+        CountingConnection.statements = 0
+        for _ in range(5):
+            with pool.connection() as conn:
+                pass
+        assert CountingConnection.statements == 0
+
+
+@pytest.mark.parametrize("check", [idle_connection_check, None], ids=["checked", "unchecked"])
+def test_connections_the_server_dropped_are_replaced_before_use(check):
+    with ConnectionPool(conninfo(), min_size=2, max_size=2, check=check) as pool:
+        pool.wait()
+        pids = []
+        with pool.connection() as a, pool.connection() as b:
+            pids = [a.info.backend_pid, b.info.backend_pid]
+        terminate(pids)  # as a restart does: an error message to each client, then end of file
+        failures = 0
+        for _ in range(2):
+            try:
+                with pool.connection() as conn:
+                    assert conn.execute("SELECT 1").fetchone() == (1,)
+                    assert conn.info.backend_pid not in pids
+            except psycopg.OperationalError:
+                failures += 1
+        # The unchecked pool shows what the check is for: it hands out the dead connections.
+        assert failures == (0 if check else 2)
+
+
+def test_djangos_pool_uses_the_check(settings):
+    """The backend builds its pool with the check; a request after the server dropped every
+    pooled connection gets a working one."""
+    alias = "pool_check_test"
+    settings_dict = {
+        **connection.settings_dict,
+        "CONN_MAX_AGE": 0,
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": {**connection.settings_dict["OPTIONS"], "pool": {"min_size": 1, "max_size": 2}},
+    }
+    wrapper = load_backend("routing_project.postgresql").DatabaseWrapper(settings_dict, alias)
+    try:
+        assert wrapper.pool._check is idle_connection_check
+        wrapper.ensure_connection()
+        pid = wrapper.connection.info.backend_pid
+        wrapper.close()  # back to the pool
+        terminate([pid])
+        wrapper.ensure_connection()
+        with wrapper.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            assert cursor.fetchone()[0] != pid
+        wrapper.close()
+    finally:
+        wrapper.close_pool()
