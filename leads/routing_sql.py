@@ -345,13 +345,17 @@ def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> None:
 
 def open_leads_newest(*, emails: list[str], statuses: tuple[str, ...], since: datetime) -> dict[str, datetime]:
     """For each of these emails with a lead in `statuses` created since `since`: the newest
-    one's creation time (the batch's dedup check, one statement)."""
+    one's creation time (the batch's dedup check, one statement).
+
+    One index probe per email (a lateral subquery on email_normalized = that email): with
+    `email_normalized = ANY(...)` a young table's missing statistics led the planner to scan
+    every open lead by status and filter on the email, a cost growing with the table."""
     table = _qn(Lead._meta.db_table)
     with server_bound_cursor() as cursor:
         cursor.execute(
-            f"SELECT email_normalized, max(created_at) FROM {table} "  # noqa: S608 - identifiers from the models
-            "WHERE email_normalized = ANY(%s::text[]) AND status = ANY(%s::text[]) AND created_at >= %s "
-            "GROUP BY email_normalized",
+            "SELECT e.email, newest.at FROM unnest(%s::text[]) AS e(email) CROSS JOIN LATERAL "  # noqa: S608 - identifiers from the models
+            f"(SELECT max(created_at) AS at FROM {table} WHERE email_normalized = e.email "
+            "AND status = ANY(%s::text[]) AND created_at >= %s) AS newest WHERE newest.at IS NOT NULL",
             [emails, [str(s) for s in statuses], since],
         )
         return dict(cursor.fetchall())
