@@ -528,9 +528,12 @@ def _intake_locked(
     state = facts = None
     if job.resolution.group is not None:
         # The lock: everything below reads and writes under the group's rotation row.
-        state = routing.lock_rotation(job.resolution.group.id)
+        # Its members are read after the lock, in the same round trip on PostgreSQL.
+        states, rows = routing.lock_rotations_reading_members([job.resolution.group.id], now)
+        state = states[job.resolution.group.id]
         if state.group.active:
-            facts = routing.member_facts(state.group, now)
+            members = rows.get(state.group_id, []) if rows is not None else None
+            facts = routing.member_facts(state.group, now, rows=members)
     routed, _decision = _route(job, now, state, facts)
     lead = routed.lead
 
@@ -593,11 +596,12 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
             results.append(None)
             fresh.append(job)
 
-    states = routing.lock_rotations([job.resolution.group.id for job in fresh if job.resolution.group is not None])
-    active = [group_id for group_id, locked in states.items() if locked.group.active]
-    rows = routing_sql.member_rows_many(active, now) if active else {}
+    group_ids = [job.resolution.group.id for job in fresh if job.resolution.group is not None]
+    states, rows = routing.lock_rotations_reading_members(group_ids, now) if group_ids else ({}, {})
     facts: dict[int, list[MemberFacts]] = {
-        group_id: routing.member_facts(states[group_id].group, now, rows=rows.get(group_id, [])) for group_id in active
+        group_id: routing.member_facts(locked.group, now, rows=rows.get(group_id, []) if rows is not None else None)
+        for group_id, locked in states.items()
+        if locked.group.active
     }
 
     routed_all: list[_Routed] = []
