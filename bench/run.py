@@ -18,6 +18,10 @@ http.client). Scenarios, in this order, so that each HTTP figure sits beside its
     paced 50/s    open loop at 50 leads/s (latency from the scheduled send time)
     overload      32 clients, one group
 
+Each raw SQL run and its HTTP run are taken in alternated slices (pgbench, HTTP, pgbench,
+HTTP, ...; --slices), so that a ratio compares the two on the same host: a shared virtual
+machine's speed can change by half within a minute, and the report prints a probe of it.
+
 After each run the database is checked: every 201 is a lead in the database and nothing
 else was written (no lost lead), each lead has one assignment and its owner is that rep (no
 lead with two owners), one lead.assigned audit event per lead, each group's per-rep counts
@@ -101,6 +105,41 @@ class SqlRun:
     failed: int = 0
     exact: bool | None = None
     problems: list[str] = field(default_factory=list)
+
+
+def http_merge(name: str, parts: list[HttpRun]) -> HttpRun:
+    """One run from its slices (interleaved with pgbench's, see `paired`)."""
+    run = HttpRun(name, parts[0].tag, parts[0].clients)
+    for part in parts:
+        run.seconds += part.seconds
+        run.latencies_ms += part.latencies_ms
+        run.statuses.update(part.statuses)
+        run.lead_ids += part.lead_ids
+        run.lead_groups.update(part.lead_groups)
+        run.failures += part.failures
+    return run
+
+
+def sql_merge(name: str, parts: list[SqlRun]) -> SqlRun:
+    run = SqlRun(name)
+    seconds = sum(p.transactions / p.tps for p in parts if p.tps)
+    run.transactions = sum(p.transactions for p in parts)
+    run.failed = sum(p.failed for p in parts)
+    run.tps = run.transactions / seconds if seconds else 0.0
+    run.latency_ms = sum(p.latency_ms * p.transactions for p in parts) / run.transactions if run.transactions else 0.0
+    run.problems = [problem for p in parts for problem in p.problems]
+    return run
+
+
+def host_probe_ms() -> float:
+    """Milliseconds for a fixed piece of pure Python: the host's speed at this moment. On a
+    shared virtual machine it can change by half within a minute, which is why each HTTP
+    figure is measured in slices alternated with its raw SQL one."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(2_000_000):
+        total += i
+    return (time.perf_counter() - started) * 1000
 
 
 # --- database set-up ---------------------------------------------------------------------------
@@ -319,10 +358,10 @@ class Client:
         self.conn.close()
 
 
-def lead_body(tag: str, client: int, n: int, group: str) -> bytes:
+def lead_body(tag: str, client: int, n: int, group: str, part: int = 0) -> bytes:
     return json.dumps(
         {
-            "email": f"{tag}.{client}.{n}@customer.example",
+            "email": f"{tag}.{part}.{client}.{n}@customer.example",
             "first_name": "Bench",
             "last_name": "Lead",
             "company": "Bench Co",
@@ -349,9 +388,10 @@ def record(run: HttpRun, lock: threading.Lock, status: int, body: bytes, latency
 
 
 def closed_loop(
-    name: str, tag: str, *, port: int, token: str, clients: int, seconds: float, groups: list[str]
+    name: str, tag: str, *, port: int, token: str, clients: int, seconds: float, groups: list[str], part: int = 0
 ) -> HttpRun:
-    """`clients` connections, each posting as soon as its previous answer arrived."""
+    """`clients` connections, each posting as soon as its previous answer arrived (`part`: the
+    slice, so that every slice posts other addresses)."""
     run = HttpRun(name, tag, clients)
     lock = threading.Lock()
     start = threading.Barrier(clients + 1)
@@ -366,7 +406,7 @@ def closed_loop(
                 if time.perf_counter() >= deadline:
                     break
                 group = groups[0] if len(groups) == 1 else rng.choice(groups)
-                body = lead_body(tag, index, n, group)
+                body = lead_body(tag, index, n, group, part)
                 t0 = time.perf_counter()
                 status, answer = client.post(body)
                 record(run, lock, status, answer, (time.perf_counter() - t0) * 1000, group)
@@ -663,6 +703,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs (about 40 s in all)")
     parser.add_argument("--seconds", type=float, help="length of each closed-loop and pgbench run")
     parser.add_argument("--paced-seconds", type=float, help="length of the 50 leads/s run")
+    parser.add_argument(
+        "--slices", type=int, help="alternated pgbench/HTTP slices per scenario (default 3; 2 with --quick)"
+    )
     parser.add_argument("--port", type=int, default=int(os.environ.get("BENCH_PORT", 18600)))
     parser.add_argument("--workers", type=int, help="gunicorn workers (default: gunicorn.conf.py's)")
     parser.add_argument("--threads", type=int, help="gunicorn threads per worker (default: gunicorn.conf.py's)")
@@ -674,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     OPTIONS["idempotency_keys"] = args.idempotency_keys
     seconds = args.seconds or (4.0 if args.quick else 15.0)
     paced_seconds = args.paced_seconds or (6.0 if args.quick else 20.0)
+    slices = max(1, args.slices or (2 if args.quick else 3))
 
     database_url = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lr_bench")
     redis_url = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6")
@@ -684,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
         env["WEB_THREADS"] = str(args.threads)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)  # gunicorn.conf.py makes a private one
     print(f"load before: {uptime()}")
+    probe_before = host_probe_ms()
     print(f"database {urlsplit(database_url).path.lstrip('/')} (recreated), server on {HOST}:{args.port}")
     recreate_database(database_url)
     migrate(env)
@@ -704,22 +749,50 @@ def main(argv: list[str] | None = None) -> int:
             check_http(run, before_turns)
             return run
 
-        print(f"running: pgbench and HTTP, {seconds:.0f} s each; paced run {paced_seconds:.0f} s")
-        sql_hot = run_pgbench(
-            "sql hot (8 clients)", database_url, clients=8, seconds=seconds, gmin=s.sql_hot_id, gmax=s.sql_hot_id
+        def paired(
+            http_name: str, tag: str, groups: list[str], sql_name: str, gmin: int, gmax: int
+        ) -> tuple[HttpRun, SqlRun]:
+            """The raw SQL and the HTTP run of one scenario, in alternated slices, so that both
+            see the same host: a slice of pgbench, then one of HTTP, `slices` times."""
+            before_turns, before, cpu = rotation_turns(groups), scrape(args.port), web_cpu_seconds(server)
+            sql_parts, http_parts = [], []
+            for part in range(slices):
+                sql_parts.append(
+                    run_pgbench(sql_name, database_url, clients=8, seconds=seconds / slices, gmin=gmin, gmax=gmax)
+                )
+                http_parts.append(
+                    closed_loop(
+                        http_name,
+                        tag,
+                        port=args.port,
+                        token=s.token,
+                        clients=16,
+                        seconds=seconds / slices,
+                        groups=groups,
+                        part=part,
+                    )
+                )
+            sql, run = sql_merge(sql_name, sql_parts), http_merge(http_name, http_parts)
+            server_means(run, before, scrape(args.port), web_cpu_seconds(server) - cpu)
+            check_http(run, before_turns)
+            check_sql(sql, list(range(gmin, gmax + 1)))
+            return run, sql
+
+        print(
+            f"running: pgbench and HTTP, {seconds:.0f} s each in {slices} alternated slices; "
+            f"paced run {paced_seconds:.0f} s"
         )
-        check_sql(sql_hot, [s.sql_hot_id])
-        hot = http_run("http hot (16 clients)", "bench-hot", [s.hot], 16)
-        sql_spread = run_pgbench(
+        hot, sql_hot = paired(
+            "http hot (16 clients)", "bench-hot", [s.hot], "sql hot (8 clients)", s.sql_hot_id, s.sql_hot_id
+        )
+        spread, sql_spread = paired(
+            "http spread (16 clients)",
+            "bench-spread",
+            s.spread,
             "sql spread (8 clients)",
-            database_url,
-            clients=8,
-            seconds=seconds,
-            gmin=s.sql_spread_ids[0],
-            gmax=s.sql_spread_ids[1],
+            s.sql_spread_ids[0],
+            s.sql_spread_ids[1],
         )
-        check_sql(sql_spread, list(range(s.sql_spread_ids[0], s.sql_spread_ids[1] + 1)))
-        spread = http_run("http spread (16 clients)", "bench-spread", s.spread, 16)
         before_turns, before, cpu = rotation_turns([s.paced]), scrape(args.port), web_cpu_seconds(server)
         pace = paced(
             "paced 50/s (1 group)",
@@ -754,6 +827,10 @@ def main(argv: list[str] | None = None) -> int:
         "cpu ms = CPU time of the web processes per request"
     )
     lines.append(f"load after: {uptime()}")
+    lines.append(
+        f"host speed: a fixed piece of Python took {probe_before:.0f} ms before the runs and "
+        f"{host_probe_ms():.0f} ms after (a shared host's speed drifts; see host_probe_ms)"
+    )
     print()
     print("\n".join(lines))
     if args.json:

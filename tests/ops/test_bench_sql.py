@@ -30,3 +30,23 @@ def test_pgbench_script_routes_exactly_on_the_current_schema(make_group):
     assert set(Counter(leads.values_list("owner_id", flat=True)).values()) == {4}  # 12 leads, 3 reps
     assert AuditEvent.objects.filter(type="lead.assigned", lead_id__in=leads.values("id")).count() == 12
     assert RotationState.objects.get(group=group).turns == 12
+
+
+def test_sliced_runs_add_up():
+    """A scenario measured in alternated slices reports the rate over all of them."""
+    from bench.run import HttpRun, SqlRun, http_merge, sql_merge
+
+    sql = sql_merge(
+        "sql",
+        [
+            SqlRun("a", tps=800.0, latency_ms=10.0, transactions=4000),
+            SqlRun("b", tps=400.0, latency_ms=20.0, transactions=2000),
+        ],
+    )
+    assert sql.transactions == 6000 and sql.tps == 6000 / 10.0
+    assert sql.latency_ms == (10.0 * 4000 + 20.0 * 2000) / 6000
+    one, two = HttpRun("h", "t", 16, seconds=5.0), HttpRun("h", "t", 16, seconds=5.0)
+    one.statuses[201], two.statuses[201] = 1500, 1000
+    one.lead_ids, two.lead_ids = [1, 2], [3]
+    merged = http_merge("h", [one, two])
+    assert merged.rate == 2500 / 10.0 and merged.lead_ids == [1, 2, 3]
