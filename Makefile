@@ -29,6 +29,7 @@ run: install
 ## tests again on the embedded default (SQLite).
 test: install-dev
 	scripts/services.sh
+	scripts/chromium.sh
 	$(MAKE) lint types test-pg test-embedded
 
 lint:
