@@ -126,7 +126,10 @@ class HookView(APIView):
             raise UnsupportedMediaType(str(exc)) from None
         except services.BadBody as exc:
             raise exceptions.ParseError(str(exc)) from None
-        incoming = LeadInSerializer(data=services.hook_map(source=intake_source, payload=payload))
+        # Form fields arrive as text ("50" for a score), form-encoded or as JSON: coerced, not refused.
+        incoming = LeadInSerializer(
+            data=services.hook_map(source=intake_source, payload=payload), context={"lenient_types": True}
+        )
         incoming.is_valid(raise_exception=True)
         data = dict(incoming.validated_data)
         requested = data.pop("group", None)

@@ -21,6 +21,18 @@ class Pagination(PageNumberPagination):
             raise ValidationError({"page_size": [f"A whole number from 1 to {self.max_page_size}."]})
         return int(value)
 
+    def get_page_number(self, request: Request, paginator: Any) -> Any:
+        """A page number that is not a whole number from 1 (or `last`) is a 400 naming it; an
+        empty `?page=` is not read as page 1. A page past the end stays a 404, as in DRF."""
+        raw = request.query_params.getlist(self.page_query_param)
+        if raw:
+            value = raw[-1]
+            if value not in self.last_page_strings and (
+                len(raw) > 1 or not value.isascii() or not value.isdigit() or int(value) < 1
+            ):
+                raise ValidationError({self.page_query_param: ["A whole number from 1."]})
+        return super().get_page_number(request, paginator)
+
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
         parameters = super().get_schema_operation_parameters(view)
         for parameter in parameters:

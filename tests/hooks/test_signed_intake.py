@@ -86,6 +86,17 @@ def test_form_encoded_body_is_accepted(source, make_group):
     assert lead.raw_payload["junk"] == "x"  # unmapped fields are kept, not routed on
 
 
+def test_form_values_as_json_text_or_numbers_are_taken_as_they_come(source, make_group):
+    """A form service's JSON carries what the visitor typed, as text or numbers: coerced here,
+    unlike the typed REST API, which answers a number for a string field with a 400."""
+    make_group(1, slug="emea", is_default=True)
+    body = json.dumps({"your-email": "typed@acme.example", "company": 1234, "score": "42"}).encode()
+    r = post_signed(source, body)
+    assert r.status_code == 201, r.content
+    lead = Lead.objects.get(pk=r.json()["id"])
+    assert (lead.company, lead.score) == ("1234", 42)
+
+
 def test_duplicate_email_answers_200_with_duplicate_of(source, make_group):
     make_group(1, slug="emea", is_default=True)
     first = post_signed(source, b'{"email": "dup@acme.example"}').json()

@@ -118,7 +118,12 @@ def test_default_group_takes_unmatched_leads(api, make_group):
         ({"email": "a@b.example", "attributes": ["a"]}, {"attributes"}),
         ({"email": "a@b.example", "attributes": {"k": None}}, {"attributes"}),
         ({"email": "a@b.example", "group": "no-such-group"}, {"group"}),
-        ({"email": "a@b.example", "first_name": 12}, set()),  # numbers are accepted as text
+        # JSON types as the schema documents them: no silent coercion either way.
+        ({"email": "a@b.example", "first_name": 12}, {"first_name"}),
+        ({"email": "a@b.example", "phone": 5551234}, {"phone"}),
+        ({"email": "a@b.example", "score": "50"}, {"score"}),
+        ({"email": "a@b.example", "company_size": 12.0}, {"company_size"}),
+        ({"email": 42}, {"email"}),
         (
             {"email": "bad", "score": 500, "country": "ZZ", "extra": 1, "phone": "1" * 41},
             {"email", "score", "country", "extra", "phone"},
