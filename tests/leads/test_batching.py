@@ -5,7 +5,7 @@ import threading
 from collections import Counter
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 
 from audit.models import AuditEvent
 from leads import batching, services
@@ -13,6 +13,7 @@ from leads.models import Assignment, Lead
 from rotation import services as rotation_services
 from rotation.models import Membership, RotationState
 from routing_project import metrics
+from tests.conftest import lead_body
 from tests.factories import GroupFactory, RepFactory, api_client_with
 from tests.leads.test_concurrency import http_client, post, run_threads
 
@@ -229,3 +230,28 @@ def test_an_intake_inside_the_callers_transaction_is_never_batched(make_group, m
         transaction.set_rollback(True)
     assert result.status_code == 201
     assert not Lead.objects.exists()  # it rolled back with the caller's transaction
+
+
+def test_a_group_without_a_rotation_row_gets_one_under_the_lock_alone_or_in_a_batch(make_group):
+    """The rotation row is made when missing (then locked, and its members read after that),
+    both on the single path and in a batch beside a group that has one."""
+    lone, lone_reps = make_group(2)
+    fresh, fresh_reps = make_group(2)
+    other, other_reps = make_group(2)
+    RotationState.objects.filter(group__in=[lone, fresh]).delete()
+
+    _client, token = api_client_with(["intake"])
+    r = post(http_client(token), {"email": "lone@batch.example", "group": lone.slug})
+    assert r.status_code == 201 and r.json()["owner"]["id"] == lone_reps[0].id
+
+    jobs = []
+    for target in (fresh, other, fresh):
+        data = lead_body()
+        resolution = services.lead_resolve_group(data=data, requested=target)
+        jobs.append(services.IntakeJob(data, data, target, resolution, None, "test", "", data["email"]))
+    with transaction.atomic():
+        results = services._intake_locked_many(jobs)
+    assert [r.status_code for r in results] == [201] * 3
+    assert [r.lead.owner_id for r in results] == [fresh_reps[0].id, other_reps[0].id, fresh_reps[1].id]
+    turns = dict(RotationState.objects.values_list("group_id", "turns"))
+    assert (turns[lone.id], turns[fresh.id], turns[other.id]) == (1, 2, 1)
