@@ -223,18 +223,12 @@ def rotation_advance(state: RotationState) -> None:
         )
 
 
-def open_lead_may_exist(*, email_normalized: str, statuses: tuple[str, ...], since: datetime) -> bool:
-    """The dedup check's common answer (no open lead for this email) in one cheap statement on
-    PostgreSQL; True elsewhere, or when there is one (the caller then loads it with the ORM)."""
-    if connection.vendor != "postgresql":
-        return True
-    table = _qn(Lead._meta.db_table)
-    with server_bound_cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM {table} WHERE email_normalized = %s AND status = ANY(%s) AND created_at >= %s LIMIT 1",  # noqa: S608
-            [email_normalized, [str(s) for s in statuses], since],
-        )
-        return cursor.fetchone() is not None
+@cache
+def _open_lead_exists_sql() -> str:
+    return (
+        f"SELECT 1 FROM {_qn(Lead._meta.db_table)} "  # noqa: S608 - identifiers from the models
+        "WHERE email_normalized = %s AND status = ANY(%s) AND created_at >= %s LIMIT 1"
+    )
 
 
 # --- the intake's writes, in one statement -----------------------------------------------------
@@ -344,49 +338,64 @@ def lead_insert_with(
     return list(row)
 
 
-def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> None:
-    """The routing transaction's first statement: its lock timeout (SET LOCAL) and the email's
+_BEGIN_ONE = "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0))"
+
+
+def intake_begin(*, email_normalized: str, lock_timeout_ms: int, statuses: tuple[str, ...], since: datetime) -> bool:
+    """The routing transaction's first statements: its lock timeout (SET LOCAL) and the email's
     advisory lock, which serializes intake of one address so two concurrent posts cannot both
-    miss dedup. The dedup check must be a later statement: its snapshot has to follow the lock."""
-    with server_bound_cursor() as cursor:
-        cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            [f"{lock_timeout_ms}ms", email_normalized],
-        )
+    miss dedup; then a cheap dedup check (is there an open lead?), sent in the same round trip
+    (pipeline mode). The check is a statement of its own, run by the server after the lock is
+    granted, so its snapshot follows the lock. Returns whether an open lead may exist."""
+    with pipeline(), server_bound_cursor() as begin, server_bound_cursor() as check:
+        begin.execute(_BEGIN_ONE, [f"{lock_timeout_ms}ms", email_normalized])
+        check.execute(_open_lead_exists_sql(), [email_normalized, [str(s) for s in statuses], since])
+        begin.fetchall()
+        return check.fetchone() is not None
+
+
+def pipeline() -> Any:
+    """psycopg's pipeline mode on Django's connection: the statements executed inside are sent
+    together and run by the server one after the other, each with its own snapshot; results
+    are read when fetched. Used where a statement must follow a lock yet needs no answer from
+    Python in between, to save the round trip."""
+    connection.ensure_connection()
+    return connection.connection.pipeline()
 
 
 # --- batches: several intakes in one transaction (leads/batching.py) ---------------------------
 
 
-def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> None:
+def intake_begin_many(
+    *, emails: list[str], lock_timeout_ms: int, statuses: tuple[str, ...], since: datetime
+) -> dict[str, datetime]:
     """`intake_begin` for a batch: the lock timeout, then every email's advisory lock, taken
-    in the order given (callers sort the emails, so two batches never wait on each other in a
-    cycle; a single intake holds one email lock)."""
-    with server_bound_cursor() as cursor:
+    in sorted order (two batches never wait on each other in a cycle; a single intake holds
+    one email lock), then the batch's dedup check (one index probe per email), sent in
+    the same round trip and run by the server after the locks are granted. Returns, for each
+    email with an open lead created since `since`, the newest one's creation time."""
+    with pipeline(), server_bound_cursor() as begin, server_bound_cursor() as check:
         # One statement: the target list runs in order, so the timeout is set before any wait.
-        cursor.execute(
+        begin.execute(
             "SELECT set_config('lock_timeout', %s, true), "
             "(SELECT count(pg_advisory_xact_lock(hashtextextended(e, 0))) FROM unnest(%s::text[]) AS e)",
-            [f"{lock_timeout_ms}ms", emails],
+            [f"{lock_timeout_ms}ms", sorted(emails)],
         )
+        check.execute(_open_leads_newest_sql(), [emails, [str(s) for s in statuses], since])
+        begin.fetchall()
+        return dict(check.fetchall())
 
 
-def open_leads_newest(*, emails: list[str], statuses: tuple[str, ...], since: datetime) -> dict[str, datetime]:
-    """For each of these emails with a lead in `statuses` created since `since`: the newest
-    one's creation time (the batch's dedup check, one statement).
-
-    One index probe per email (a lateral subquery on email_normalized = that email): with
-    `email_normalized = ANY(...)` a young table's missing statistics led the planner to scan
-    every open lead by status and filter on the email, a cost growing with the table."""
-    table = _qn(Lead._meta.db_table)
-    with server_bound_cursor() as cursor:
-        cursor.execute(
-            "SELECT e.email, newest.at FROM unnest(%s::text[]) AS e(email) CROSS JOIN LATERAL "  # noqa: S608 - identifiers from the models
-            f"(SELECT max(created_at) AS at FROM {table} WHERE email_normalized = e.email "
-            "AND status = ANY(%s::text[]) AND created_at >= %s) AS newest WHERE newest.at IS NOT NULL",
-            [emails, [str(s) for s in statuses], since],
-        )
-        return dict(cursor.fetchall())
+@cache
+def _open_leads_newest_sql() -> str:
+    # One index probe per email (a lateral subquery on email_normalized = that email): with
+    # `email_normalized = ANY(...)` a young table's missing statistics led the planner to scan
+    # every open lead by status and filter on the email, a cost growing with the table.
+    return (
+        "SELECT e.email, newest.at FROM unnest(%s::text[]) AS e(email) CROSS JOIN LATERAL "  # noqa: S608 - identifiers from the models
+        f"(SELECT max(created_at) AS at FROM {_qn(Lead._meta.db_table)} WHERE email_normalized = e.email "
+        "AND status = ANY(%s::text[]) AND created_at >= %s) AS newest WHERE newest.at IS NOT NULL"
+    )
 
 
 BATCH_LEAD_ID = "(SELECT id FROM numbered WHERE numbered.n = %s)"  # a dependent's lead, by its place

@@ -505,18 +505,23 @@ def _intake_locked(
     postgres = connection.vendor == "postgresql"
 
     # Dedup: under the email's lock, so two concurrent posts of one address cannot both pass.
-    if postgres:  # the lock timeout and the email's lock in one statement
-        routing_sql.intake_begin(
-            email_normalized=job.email_normalized, lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
+    window = _dedup_window(job)
+    since = now - timedelta(days=window)
+    existing = None
+    if postgres:
+        # The lock timeout, the email's lock and a cheap existence check (most leads are new)
+        # in one round trip; the full load only for a duplicate.
+        may_exist = routing_sql.intake_begin(
+            email_normalized=job.email_normalized,
+            lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS,
+            statuses=DEDUP_STATUSES,
+            since=since,
         )
     else:
         routing.set_lock_timeout()
         routing.lock_email(job.email_normalized)
-    window = _dedup_window(job)
-    since = now - timedelta(days=window)
-    existing = None
-    # Most leads are new: a cheap existence check first, the full load only for a duplicate.
-    if routing_sql.open_lead_may_exist(email_normalized=job.email_normalized, statuses=DEDUP_STATUSES, since=since):
+        may_exist = True
+    if may_exist:
         existing = _open_lead(job.email_normalized, since)
     if existing is not None:
         result = _duplicate(job, existing, window)
@@ -578,12 +583,12 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
     in-memory rotation and counts the next one reads), and all their rows and the advances
     written in one statement (plus one for the answers of Idempotency-Key requests)."""
     now = timezone.now()
-    routing_sql.intake_begin_many(
-        emails=sorted(job.email_normalized for job in jobs), lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
-    )
     sinces = [now - timedelta(days=_dedup_window(job)) for job in jobs]
-    newest = routing_sql.open_leads_newest(
-        emails=[job.email_normalized for job in jobs], statuses=DEDUP_STATUSES, since=min(sinces)
+    newest = routing_sql.intake_begin_many(
+        emails=[job.email_normalized for job in jobs],
+        lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS,
+        statuses=DEDUP_STATUSES,
+        since=min(sinces),
     )
     results: list[IntakeResult | None] = []
     fresh: list[IntakeJob] = []

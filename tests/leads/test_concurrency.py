@@ -193,6 +193,34 @@ def test_lock_timeout_gives_503_and_writes_nothing(make_group, settings):
     assert r.status_code == 201
 
 
+def test_a_held_email_lock_past_the_timeout_gives_503_and_writes_nothing(make_group, settings):
+    """The email's lock (taken with the dedup check in one round trip) obeys the lock timeout
+    too: 503 with Retry-After, nothing written, and the same post succeeds afterwards."""
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    make_group(2, slug="g")
+    _client, token = api_client_with(["intake"])
+    locked, release = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    def holder(_: int) -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ["held@x.example"])
+            locked.set()
+            release.wait(30)
+
+    def requester(_: int) -> None:
+        locked.wait(10)
+        outcome["response"] = post(http_client(token), {"email": "Held@x.example", "group": "g"})
+        release.set()
+
+    run_threads(2, lambda i: (holder, requester)[i](i))
+    r = outcome["response"]
+    assert r.status_code == 503 and r["Retry-After"] == "1"
+    assert Lead.objects.count() == 0 and Assignment.objects.count() == 0
+    assert RotationState.objects.get(group__slug="g").turns == 0
+    assert post(http_client(token), {"email": "held@x.example", "group": "g"}).status_code == 201
+
+
 def test_concurrent_requests_with_one_key_create_one_lead(make_group):
     make_group(3, slug="g")
     _client, token = api_client_with(["intake"])
