@@ -116,27 +116,6 @@ def lock_rotations(group_ids: list[int]) -> dict[int, RotationState]:
     return states
 
 
-def lock_rotations_reading_members(
-    group_ids: list[int], now: datetime
-) -> tuple[dict[int, RotationState], dict[int, list[Any]] | None]:
-    """`lock_rotations`, and on PostgreSQL the groups' members read right after the locks in
-    the same round trip (routing_sql.rotation_lock_fetch_many_with_members), as the `rows`
-    of `member_facts`; None elsewhere (member_facts then reads them itself)."""
-    ids = sorted(set(group_ids))
-    if connection.vendor != "postgresql":
-        return lock_rotations(ids), None
-    started = time.perf_counter()
-    states, rows = routing_sql.rotation_lock_fetch_many_with_members(ids, now)
-    for group_id in ids:
-        if group_id not in states:  # no rotation row yet: made and locked, then its members read
-            states[group_id] = lock_rotation(group_id)
-            rows[group_id] = routing_sql.member_rows(group_id, now)
-    acquired = time.perf_counter()
-    metrics.rotation_lock_waited(acquired - started)
-    transaction.on_commit(lambda: metrics.rotation_lock_held(time.perf_counter() - acquired))
-    return states, dict(rows)
-
-
 def day_start(now: datetime, tz: str) -> datetime:
     local = now.astimezone(ZoneInfo(tz))
     return local.replace(hour=0, minute=0, second=0, microsecond=0)

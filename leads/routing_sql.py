@@ -93,12 +93,6 @@ def rotation_lock_fetch_many(group_ids: list[int]) -> dict[int, RotationState]:
     with server_bound_cursor() as cursor:
         cursor.execute(sql, [group_ids])
         rows = cursor.fetchall()
-    return _states_from_rows(rows, state_fields, group_fields)
-
-
-def _states_from_rows(
-    rows: list[tuple[Any, ...]], state_fields: tuple[Field, ...], group_fields: tuple[Field, ...]
-) -> dict[int, RotationState]:
     n = len(state_fields)
     states = {}
     for row in rows:
@@ -110,24 +104,6 @@ def _states_from_rows(
         )
         states[state.group_id] = state
     return states
-
-
-def rotation_lock_fetch_many_with_members(
-    group_ids: list[int], now: datetime
-) -> tuple[dict[int, RotationState], dict[int, list[MemberRow]]]:
-    """`rotation_lock_fetch_many`, then `member_rows_many` of the same groups, sent together
-    (psycopg's pipeline mode): one round trip instead of two while the rows are locked.
-
-    The server runs them one after the other, so the members are still read *after* the
-    locks are granted (each statement takes its own snapshot, READ COMMITTED): a rep paused
-    or removed while this transaction waited for the lock is seen as they are now."""
-    sql, state_fields, group_fields = _lock_statement(many=True)
-    with connection.connection.pipeline(), server_bound_cursor() as locking, server_bound_cursor() as members:
-        locking.execute(sql, [group_ids])
-        members.execute(_members_statement(), [now, now, group_ids])
-        locked = locking.fetchall()
-        member_rows = members.fetchall()
-    return _states_from_rows(locked, state_fields, group_fields), _member_rows_by_group(member_rows)
 
 
 @dataclass
@@ -180,10 +156,6 @@ def member_rows_many(group_ids: list[int], now: datetime) -> dict[int, list[Memb
     with server_bound_cursor() as cursor:
         cursor.execute(_members_statement(), [now, now, group_ids])
         rows = cursor.fetchall()
-    return _member_rows_by_group(rows)
-
-
-def _member_rows_by_group(rows: list[tuple[Any, ...]]) -> dict[int, list[MemberRow]]:
     out: dict[int, list[MemberRow]] = {}
     for (
         group_id,
@@ -223,12 +195,18 @@ def rotation_advance(state: RotationState) -> None:
         )
 
 
-@cache
-def _open_lead_exists_sql() -> str:
-    return (
-        f"SELECT 1 FROM {_qn(Lead._meta.db_table)} "  # noqa: S608 - identifiers from the models
-        "WHERE email_normalized = %s AND status = ANY(%s) AND created_at >= %s LIMIT 1"
-    )
+def open_lead_may_exist(*, email_normalized: str, statuses: tuple[str, ...], since: datetime) -> bool:
+    """The dedup check's common answer (no open lead for this email) in one cheap statement on
+    PostgreSQL; True elsewhere, or when there is one (the caller then loads it with the ORM)."""
+    if connection.vendor != "postgresql":
+        return True
+    table = _qn(Lead._meta.db_table)
+    with server_bound_cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {table} WHERE email_normalized = %s AND status = ANY(%s) AND created_at >= %s LIMIT 1",  # noqa: S608
+            [email_normalized, [str(s) for s in statuses], since],
+        )
+        return cursor.fetchone() is not None
 
 
 # --- the intake's writes, in one statement -----------------------------------------------------
@@ -338,64 +316,49 @@ def lead_insert_with(
     return list(row)
 
 
-_BEGIN_ONE = "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0))"
-
-
-def intake_begin(*, email_normalized: str, lock_timeout_ms: int, statuses: tuple[str, ...], since: datetime) -> bool:
-    """The routing transaction's first statements: its lock timeout (SET LOCAL) and the email's
+def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> None:
+    """The routing transaction's first statement: its lock timeout (SET LOCAL) and the email's
     advisory lock, which serializes intake of one address so two concurrent posts cannot both
-    miss dedup; then a cheap dedup check (is there an open lead?), sent in the same round trip
-    (pipeline mode). The check is a statement of its own, run by the server after the lock is
-    granted, so its snapshot follows the lock. Returns whether an open lead may exist."""
-    with pipeline(), server_bound_cursor() as begin, server_bound_cursor() as check:
-        begin.execute(_BEGIN_ONE, [f"{lock_timeout_ms}ms", email_normalized])
-        check.execute(_open_lead_exists_sql(), [email_normalized, [str(s) for s in statuses], since])
-        begin.fetchall()
-        return check.fetchone() is not None
-
-
-def pipeline() -> Any:
-    """psycopg's pipeline mode on Django's connection: the statements executed inside are sent
-    together and run by the server one after the other, each with its own snapshot; results
-    are read when fetched. Used where a statement must follow a lock yet needs no answer from
-    Python in between, to save the round trip."""
-    connection.ensure_connection()
-    return connection.connection.pipeline()
+    miss dedup. The dedup check must be a later statement: its snapshot has to follow the lock."""
+    with server_bound_cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"{lock_timeout_ms}ms", email_normalized],
+        )
 
 
 # --- batches: several intakes in one transaction (leads/batching.py) ---------------------------
 
 
-def intake_begin_many(
-    *, emails: list[str], lock_timeout_ms: int, statuses: tuple[str, ...], since: datetime
-) -> dict[str, datetime]:
+def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> None:
     """`intake_begin` for a batch: the lock timeout, then every email's advisory lock, taken
-    in sorted order (two batches never wait on each other in a cycle; a single intake holds
-    one email lock), then the batch's dedup check (one index probe per email), sent in
-    the same round trip and run by the server after the locks are granted. Returns, for each
-    email with an open lead created since `since`, the newest one's creation time."""
-    with pipeline(), server_bound_cursor() as begin, server_bound_cursor() as check:
+    in the order given (callers sort the emails, so two batches never wait on each other in a
+    cycle; a single intake holds one email lock)."""
+    with server_bound_cursor() as cursor:
         # One statement: the target list runs in order, so the timeout is set before any wait.
-        begin.execute(
+        cursor.execute(
             "SELECT set_config('lock_timeout', %s, true), "
             "(SELECT count(pg_advisory_xact_lock(hashtextextended(e, 0))) FROM unnest(%s::text[]) AS e)",
-            [f"{lock_timeout_ms}ms", sorted(emails)],
+            [f"{lock_timeout_ms}ms", emails],
         )
-        check.execute(_open_leads_newest_sql(), [emails, [str(s) for s in statuses], since])
-        begin.fetchall()
-        return dict(check.fetchall())
 
 
-@cache
-def _open_leads_newest_sql() -> str:
-    # One index probe per email (a lateral subquery on email_normalized = that email): with
-    # `email_normalized = ANY(...)` a young table's missing statistics led the planner to scan
-    # every open lead by status and filter on the email, a cost growing with the table.
-    return (
-        "SELECT e.email, newest.at FROM unnest(%s::text[]) AS e(email) CROSS JOIN LATERAL "  # noqa: S608 - identifiers from the models
-        f"(SELECT max(created_at) AS at FROM {_qn(Lead._meta.db_table)} WHERE email_normalized = e.email "
-        "AND status = ANY(%s::text[]) AND created_at >= %s) AS newest WHERE newest.at IS NOT NULL"
-    )
+def open_leads_newest(*, emails: list[str], statuses: tuple[str, ...], since: datetime) -> dict[str, datetime]:
+    """For each of these emails with a lead in `statuses` created since `since`: the newest
+    one's creation time (the batch's dedup check, one statement).
+
+    One index probe per email (a lateral subquery on email_normalized = that email): with
+    `email_normalized = ANY(...)` a young table's missing statistics led the planner to scan
+    every open lead by status and filter on the email, a cost growing with the table."""
+    table = _qn(Lead._meta.db_table)
+    with server_bound_cursor() as cursor:
+        cursor.execute(
+            "SELECT e.email, newest.at FROM unnest(%s::text[]) AS e(email) CROSS JOIN LATERAL "  # noqa: S608 - identifiers from the models
+            f"(SELECT max(created_at) AS at FROM {table} WHERE email_normalized = e.email "
+            "AND status = ANY(%s::text[]) AND created_at >= %s) AS newest WHERE newest.at IS NOT NULL",
+            [emails, [str(s) for s in statuses], since],
+        )
+        return dict(cursor.fetchall())
 
 
 BATCH_LEAD_ID = "(SELECT id FROM numbered WHERE numbered.n = %s)"  # a dependent's lead, by its place

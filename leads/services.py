@@ -505,23 +505,18 @@ def _intake_locked(
     postgres = connection.vendor == "postgresql"
 
     # Dedup: under the email's lock, so two concurrent posts of one address cannot both pass.
-    window = _dedup_window(job)
-    since = now - timedelta(days=window)
-    existing = None
-    if postgres:
-        # The lock timeout, the email's lock and a cheap existence check (most leads are new)
-        # in one round trip; the full load only for a duplicate.
-        may_exist = routing_sql.intake_begin(
-            email_normalized=job.email_normalized,
-            lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS,
-            statuses=DEDUP_STATUSES,
-            since=since,
+    if postgres:  # the lock timeout and the email's lock in one statement
+        routing_sql.intake_begin(
+            email_normalized=job.email_normalized, lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
         )
     else:
         routing.set_lock_timeout()
         routing.lock_email(job.email_normalized)
-        may_exist = True
-    if may_exist:
+    window = _dedup_window(job)
+    since = now - timedelta(days=window)
+    existing = None
+    # Most leads are new: a cheap existence check first, the full load only for a duplicate.
+    if routing_sql.open_lead_may_exist(email_normalized=job.email_normalized, statuses=DEDUP_STATUSES, since=since):
         existing = _open_lead(job.email_normalized, since)
     if existing is not None:
         result = _duplicate(job, existing, window)
@@ -533,12 +528,9 @@ def _intake_locked(
     state = facts = None
     if job.resolution.group is not None:
         # The lock: everything below reads and writes under the group's rotation row.
-        # Its members are read after the lock, in the same round trip on PostgreSQL.
-        states, rows = routing.lock_rotations_reading_members([job.resolution.group.id], now)
-        state = states[job.resolution.group.id]
+        state = routing.lock_rotation(job.resolution.group.id)
         if state.group.active:
-            members = rows.get(state.group_id, []) if rows is not None else None
-            facts = routing.member_facts(state.group, now, rows=members)
+            facts = routing.member_facts(state.group, now)
     routed, _decision = _route(job, now, state, facts)
     lead = routed.lead
 
@@ -583,12 +575,12 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
     in-memory rotation and counts the next one reads), and all their rows and the advances
     written in one statement (plus one for the answers of Idempotency-Key requests)."""
     now = timezone.now()
+    routing_sql.intake_begin_many(
+        emails=sorted(job.email_normalized for job in jobs), lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
+    )
     sinces = [now - timedelta(days=_dedup_window(job)) for job in jobs]
-    newest = routing_sql.intake_begin_many(
-        emails=[job.email_normalized for job in jobs],
-        lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS,
-        statuses=DEDUP_STATUSES,
-        since=min(sinces),
+    newest = routing_sql.open_leads_newest(
+        emails=[job.email_normalized for job in jobs], statuses=DEDUP_STATUSES, since=min(sinces)
     )
     results: list[IntakeResult | None] = []
     fresh: list[IntakeJob] = []
@@ -601,12 +593,11 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
             results.append(None)
             fresh.append(job)
 
-    group_ids = [job.resolution.group.id for job in fresh if job.resolution.group is not None]
-    states, rows = routing.lock_rotations_reading_members(group_ids, now) if group_ids else ({}, {})
+    states = routing.lock_rotations([job.resolution.group.id for job in fresh if job.resolution.group is not None])
+    active = [group_id for group_id, locked in states.items() if locked.group.active]
+    rows = routing_sql.member_rows_many(active, now) if active else {}
     facts: dict[int, list[MemberFacts]] = {
-        group_id: routing.member_facts(locked.group, now, rows=rows.get(group_id, []) if rows is not None else None)
-        for group_id, locked in states.items()
-        if locked.group.active
+        group_id: routing.member_facts(states[group_id].group, now, rows=rows.get(group_id, [])) for group_id in active
     }
 
     routed_all: list[_Routed] = []
