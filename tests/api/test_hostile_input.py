@@ -39,3 +39,22 @@ def test_empty_repeated_or_out_of_range_parameters_are_400s(api, query):
 
 def test_an_empty_text_filter_is_allowed(api):
     assert api.get("/api/v1/leads/?group=").status_code == 200
+
+
+def test_json_types_follow_the_schema_a_field_is_documented_with():
+    from decimal import Decimal
+
+    from rest_framework import serializers
+
+    from routing_project.api import json_type_error
+
+    assert json_type_error(serializers.CharField(), 12) == "Not a valid string."
+    assert json_type_error(serializers.IntegerField(), "5") == "A valid integer is required."
+    assert json_type_error(serializers.IntegerField(), True) == "A valid integer is required."
+    assert json_type_error(serializers.BooleanField(), "true") == "Must be a valid boolean."
+    assert json_type_error(serializers.IntegerField(), None) is None  # left to allow_null
+    number = serializers.DecimalField(max_digits=5, decimal_places=2, coerce_to_string=False)
+    assert json_type_error(number, "1.50") == "A valid number is required."
+    assert json_type_error(number, 1.5) is None
+    text = serializers.DecimalField(max_digits=5, decimal_places=2, coerce_to_string=True)
+    assert json_type_error(text, "1.50") is None and json_type_error(text, Decimal("1.5")) is not None
