@@ -9,6 +9,9 @@ routes many leads per hold of its lock. With two threads there is rarely anyone 
 with; `make bench` on 2 cores: 2 x 8 routes a hot group about 1.6 times as fast as 2 x 2,
 and 1 x 16 or 2 x 16 do no better. Raise WEB_WORKERS with the cores, not beyond; size the
 database pool (DB_POOL_MAX_SIZE) to the threads.
+
+The worker class is gthread's, taking new connections in turn with its siblings (least
+connections) so that keep-alive clients spread evenly: routing_project/web_worker.py.
 """
 
 import multiprocessing
@@ -18,7 +21,7 @@ import tempfile
 
 workers = int(os.environ.get("WEB_WORKERS", multiprocessing.cpu_count()))
 threads = int(os.environ.get("WEB_THREADS", 8))
-worker_class = "gthread"
+worker_class = "routing_project.web_worker.BalancedThreadWorker"  # gthread, see its docstring
 timeout = int(os.environ.get("WEB_TIMEOUT", 30))
 keepalive = 5
 max_requests = 10000
@@ -42,7 +45,10 @@ def on_starting(server):  # type: ignore[no-untyped-def]
 def child_exit(server, worker):  # type: ignore[no-untyped-def]
     from prometheus_client import multiprocess
 
+    from routing_project.web_worker import release_row
+
     multiprocess.mark_process_dead(worker.pid)
+    release_row(worker.pid)
 
 
 def on_exit(server):  # type: ignore[no-untyped-def]

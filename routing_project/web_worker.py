@@ -1,0 +1,109 @@
+"""Gunicorn's threaded worker, taking new connections in turn with its siblings.
+
+Every worker of a gunicorn server waits on the same listening socket, and whichever wakes
+first takes the connection. Intake clients keep their connections open (keep-alive), so an
+early run of luck is kept for good: `make bench` saw 32 clients split 6 / 26 between two
+workers, time after time. The 6 were answered in 55 ms, the 26 in 165 ms, because each
+worker runs Python on one core at most (the GIL); the p99 was that of the crowded worker.
+
+This worker publishes how many connections it holds in a table every worker shares (memory
+mapped by the master before it forks), and listens for new connections only while it holds
+no more than any sibling (least connections). The least loaded worker always listens, so a
+connection is never left waiting for all of them; a worker that stopped listening looks
+again every few milliseconds, since a sibling's count changes without waking it. Nobody
+defers to a worker that takes no connections: a worker counts only once its loop runs (not
+while it loads the application), stops counting when it is told to stop, and the master
+frees a dead worker's row (gunicorn.conf.py's `child_exit`).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from typing import Any
+
+from gunicorn.workers.gthread import ThreadWorker
+
+MAX_WORKERS = 64
+# How often a worker that is not listening compares its count with its siblings' again.
+RECHECK_S = 0.005
+_FREE = 0
+_NOT_LISTENING = -1
+
+# One row per worker: its pid, and its connections (or _NOT_LISTENING: still loading the
+# application, or stopping). Created when gunicorn loads
+# this class in the master, before any fork, so every worker maps the same memory.
+_pids = multiprocessing.RawArray("q", MAX_WORKERS)
+_conns = multiprocessing.RawArray("q", MAX_WORKERS)
+_rows_used = multiprocessing.RawValue("q", 0)  # rows at and past it were never claimed
+_claim_lock = multiprocessing.Lock()
+
+
+def claim_row(pid: int) -> int | None:
+    """A free row of the table for worker `pid` (None when all are taken: that worker then
+    listens all the time, as gunicorn's own does)."""
+    with _claim_lock:
+        for row in range(MAX_WORKERS):
+            if _pids[row] in (_FREE, pid):
+                _pids[row] = pid
+                _conns[row] = _NOT_LISTENING  # until its loop runs: it is still loading the app
+                _rows_used.value = max(_rows_used.value, row + 1)
+                return row
+    return None
+
+
+def release_row(pid: int) -> None:
+    """Frees the row of worker `pid` (the master calls this when the worker exits)."""
+    with _claim_lock:
+        for row in range(_rows_used.value):
+            if _pids[row] == pid:
+                _conns[row] = _NOT_LISTENING
+                _pids[row] = _FREE
+
+
+def fewest_elsewhere(row: int) -> int | None:
+    """The fewest connections any other listening worker holds (None: no other worker)."""
+    fewest = None
+    for other in range(_rows_used.value):
+        if other == row or _pids[other] == _FREE:
+            continue
+        count = _conns[other]
+        if count >= 0 and (fewest is None or count < fewest):
+            fewest = count
+    return fewest
+
+
+class BalancedThreadWorker(ThreadWorker):
+    """gthread, listening only while it holds no more connections than any sibling."""
+
+    row: int | None = None
+
+    def init_process(self) -> None:
+        self.row = claim_row(os.getpid())
+        super().init_process()
+
+    def _my_turn(self) -> bool:
+        if self.row is None:
+            return True
+        fewest = fewest_elsewhere(self.row)
+        return fewest is None or self.nr_conns <= fewest
+
+    def set_accept_enabled(self, enabled: bool) -> None:
+        super().set_accept_enabled(enabled and self._my_turn())
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        wants = self.alive and self.nr_conns < self.worker_connections
+        if self.row is not None:
+            _conns[self.row] = self.nr_conns if self.alive else _NOT_LISTENING
+            if wants:
+                self.set_accept_enabled(True)  # or not, if a sibling holds fewer
+        if wants and not self._accepting:
+            timeout = min(timeout, RECHECK_S)
+        super().wait_for_and_dispatch_events(timeout)
+        if self.row is not None:
+            _conns[self.row] = self.nr_conns if self.alive else _NOT_LISTENING
+
+    def handle_exit(self, sig: Any, frame: Any) -> None:
+        if self.row is not None:
+            _conns[self.row] = _NOT_LISTENING
+        super().handle_exit(sig, frame)

@@ -1,0 +1,169 @@
+"""The web worker (routing_project/web_worker.py): gunicorn's threaded worker, taking new
+connections in turn with its siblings so that keep-alive clients spread evenly."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from routing_project import web_worker
+
+
+@pytest.fixture
+def table():
+    """The shared table, emptied before and after (this process plays every worker)."""
+
+    def empty() -> None:
+        for row in range(web_worker.MAX_WORKERS):
+            web_worker._pids[row] = web_worker._FREE
+            web_worker._conns[row] = web_worker._NOT_LISTENING
+        web_worker._rows_used.value = 0
+
+    empty()
+    yield web_worker
+    empty()
+
+
+def test_a_worker_defers_to_the_sibling_holding_fewest_connections(table):
+    a, b, c = table.claim_row(101), table.claim_row(102), table.claim_row(103)
+    assert (a, b, c) == (0, 1, 2)
+    assert table.fewest_elsewhere(a) is None  # the others still load the application
+    table._conns[a], table._conns[b], table._conns[c] = 7, 5, 9
+    assert table.fewest_elsewhere(a) == 5
+    assert table.fewest_elsewhere(b) == 7
+    table._conns[b] = table._NOT_LISTENING  # a stopping worker takes no connection: nobody waits on it
+    assert table.fewest_elsewhere(a) == 9
+    table.release_row(103)
+    assert table.fewest_elsewhere(a) is None  # alone: it takes every connection
+
+
+def test_a_dead_workers_row_is_reused(table):
+    assert table.claim_row(201) == 0
+    assert table.claim_row(202) == 1
+    table.release_row(201)
+    assert table.claim_row(203) == 0
+    assert table.claim_row(203) == 0  # claiming twice keeps one row
+
+
+def test_when_the_table_is_full_a_worker_still_takes_connections(table):
+    for pid in range(1000, 1000 + table.MAX_WORKERS):
+        assert table.claim_row(pid) is not None
+    assert table.claim_row(99) is None
+
+
+# --- gunicorn itself -------------------------------------------------------------------------
+
+
+def _server_sockets(pid: int, port: int) -> int:
+    """Established connections on `port` whose socket process `pid` holds (from /proc)."""
+    inodes = set()
+    for table_path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table_path).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "01":  # ESTABLISHED
+                inodes.add(fields[9])
+    held = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            held += 1
+    return held
+
+
+def _workers(master: int) -> list[int]:
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    return sorted(int(pid) for pid in children)
+
+
+def _get(conn: http.client.HTTPConnection) -> int:
+    conn.request("GET", "/healthz")
+    response = conn.getresponse()
+    response.read()
+    return response.status
+
+
+@pytest.mark.xdist_group("web-server")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_keep_alive_clients_are_spread_evenly_and_none_waits_for_a_dead_worker(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "routing_project.settings.production",
+        "SECRET_KEY": "test-only-secret-key-for-the-web-worker-test",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "WEB_WORKERS": "2",
+        "WEB_THREADS": "2",
+        "LOG_FORMAT": "json",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
+    log_path = tmp_path / "web.log"
+    server = subprocess.Popen(
+        [gunicorn, "routing_project.wsgi:application", "--config", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}"],
+        env=env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    conns: list[http.client.HTTPConnection] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(_workers(server.pid)) < 2 or not _answers(port):
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
+            time.sleep(0.2)
+        time.sleep(0.5)  # the probe's connection closed; both workers in their loops
+
+        # Clients connecting one after another, each keeping its connection open: a worker
+        # listens only while it holds no more than its sibling, so they end up 6 and 5.
+        for _ in range(11):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            assert _get(conn) == 200
+            conns.append(conn)
+            time.sleep(0.02)
+        workers = _workers(server.pid)
+        held = {pid: _server_sockets(pid, port) for pid in workers}
+        assert sorted(held.values()) == [5, 6], held
+
+        # The worker holding 5 killed outright: the master frees its row, so the survivor,
+        # holding more than the dead worker's last count, takes the next clients at once
+        # instead of waiting for the replacement worker to boot.
+        victim = min(workers, key=held.__getitem__)
+        survivor = max(workers, key=held.__getitem__)
+        os.kill(victim, signal.SIGKILL)
+        for _ in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            assert _get(conn) == 200
+            conns.append(conn)
+        assert _server_sockets(survivor, port) == 6 + 3, log_path.read_text()[-2000:]
+    finally:
+        for conn in conns:
+            conn.close()
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _answers(port: int) -> bool:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        ok = _get(conn) == 200
+        conn.close()
+        return ok
+    except OSError:
+        return False
