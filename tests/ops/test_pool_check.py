@@ -10,6 +10,8 @@ from psycopg_pool import ConnectionPool
 
 from routing_project.postgresql.base import idle_connection_check
 
+from .webserver import gunicorn
+
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
@@ -103,64 +105,31 @@ def test_the_web_tier_carries_on_after_the_database_dropped_every_connection(mak
     routed, none lost, with no hand on the server."""
     import http.client
     import json
-    import os
-    import socket
-    import subprocess
-    import sys
-    import time
 
     from leads.models import Lead
     from tests.factories import api_client_with
 
     group, _reps = make_group(2)
     _client, token = api_client_with(["intake"])
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     db = connection.settings_dict
     env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "routing_project.settings.production",
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "SECRET_KEY": "test-only-secret-key-for-the-restart-test",
-        "ALLOWED_HOSTS": "127.0.0.1",
         "WEB_WORKERS": "1",
         "WEB_THREADS": "2",
         "DB_POOL_MIN_SIZE": "2",
-        "LOG_FORMAT": "json",
     }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
-    log = (tmp_path / "web.log").open("wb")
-    server = subprocess.Popen(
-        [gunicorn, "routing_project.wsgi:application", "--config", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with gunicorn(tmp_path, **env) as server:
 
-    def post(n: int) -> int:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        body = json.dumps({"email": f"restart{n}@customer.example", "group": group.slug})
-        conn.request(
-            "POST", "/api/v1/leads/", body, {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        )
-        status = conn.getresponse().status
-        conn.close()
-        return status
+        def post(n: int) -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            body = json.dumps({"email": f"restart{n}@customer.example", "group": group.slug})
+            conn.request(
+                "POST", "/api/v1/leads/", body, {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            )
+            status = conn.getresponse().status
+            conn.close()
+            return status
 
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/healthz")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "web.log").read_text()[-2000:]
-            time.sleep(0.2)
         assert [post(n) for n in range(4)] == [201] * 4
         with psycopg.connect(conninfo(), autocommit=True) as admin:
             dropped = admin.execute(
@@ -168,9 +137,6 @@ def test_the_web_tier_carries_on_after_the_database_dropped_every_connection(mak
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
             ).fetchone()[0]
         assert dropped >= 2  # the web process's pooled connections (and this test's own)
-        assert [post(n) for n in range(4, 8)] == [201] * 4, (tmp_path / "web.log").read_text()[-2000:]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+        assert [post(n) for n in range(4, 8)] == [201] * 4, server.log_tail()
     connection.close()  # this test's own connection was dropped too
     assert Lead.objects.filter(email__startswith="restart").count() == 8

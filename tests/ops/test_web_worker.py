@@ -6,8 +6,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from routing_project import web_worker
+
+from .webserver import gunicorn
 
 
 @pytest.fixture
@@ -101,69 +101,38 @@ def _get(conn: http.client.HTTPConnection) -> int:
 @pytest.mark.xdist_group("web-server")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_keep_alive_clients_are_spread_evenly_and_none_waits_for_a_dead_worker(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "routing_project.settings.production",
-        "SECRET_KEY": "test-only-secret-key-for-the-web-worker-test",
-        "ALLOWED_HOSTS": "127.0.0.1",
-        "WEB_WORKERS": "2",
-        "WEB_THREADS": "2",
-        "LOG_FORMAT": "json",
-    }
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
-    log_path = tmp_path / "web.log"
-    server = subprocess.Popen(
-        [gunicorn, "routing_project.wsgi:application", "--config", "gunicorn.conf.py", "--bind", f"127.0.0.1:{port}"],
-        env=env,
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
     conns: list[http.client.HTTPConnection] = []
-    try:
-        deadline = time.monotonic() + 60
-        while len(_workers(server.pid)) < 2 or not _answers(port):
-            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()[-2000:]
-            time.sleep(0.2)
-        time.sleep(0.5)  # the probe's connection closed; both workers in their loops
+    with gunicorn(tmp_path, WEB_WORKERS="2", WEB_THREADS="2") as server:
+        port = server.port
+        try:
+            deadline = time.monotonic() + 30
+            while len(_workers(server.process.pid)) < 2:
+                assert time.monotonic() < deadline, server.log_tail()
+                time.sleep(0.1)
+            time.sleep(0.5)  # the start-up probe's connection closed; both workers in their loops
 
-        # Clients connecting one after another, each keeping its connection open: a worker
-        # listens only while it holds no more than its sibling, so they end up 6 and 5.
-        for _ in range(11):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            assert _get(conn) == 200
-            conns.append(conn)
-            time.sleep(0.02)
-        workers = _workers(server.pid)
-        held = {pid: _server_sockets(pid, port) for pid in workers}
-        assert sorted(held.values()) == [5, 6], held
+            # Clients connecting one after another, each keeping its connection open: a worker
+            # listens only while it holds no more than its sibling, so they end up 6 and 5.
+            for _ in range(11):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                assert _get(conn) == 200
+                conns.append(conn)
+                time.sleep(0.02)
+            workers = _workers(server.process.pid)
+            held = {pid: _server_sockets(pid, port) for pid in workers}
+            assert sorted(held.values()) == [5, 6], held
 
-        # The worker holding 5 killed outright: the master frees its row, so the survivor,
-        # holding more than the dead worker's last count, takes the next clients at once
-        # instead of waiting for the replacement worker to boot.
-        victim = min(workers, key=held.__getitem__)
-        survivor = max(workers, key=held.__getitem__)
-        os.kill(victim, signal.SIGKILL)
-        for _ in range(3):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            assert _get(conn) == 200
-            conns.append(conn)
-        assert _server_sockets(survivor, port) == 6 + 3, log_path.read_text()[-2000:]
-    finally:
-        for conn in conns:
-            conn.close()
-        server.terminate()
-        server.wait(timeout=30)
-
-
-def _answers(port: int) -> bool:
-    try:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        ok = _get(conn) == 200
-        conn.close()
-        return ok
-    except OSError:
-        return False
+            # The worker holding 5 killed outright: the master frees its row, so the survivor,
+            # holding more than the dead worker's last count, takes the next clients at once
+            # instead of waiting for the replacement worker to boot.
+            victim = min(workers, key=held.__getitem__)
+            survivor = max(workers, key=held.__getitem__)
+            os.kill(victim, signal.SIGKILL)
+            for _ in range(3):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                assert _get(conn) == 200
+                conns.append(conn)
+            assert _server_sockets(survivor, port) == 6 + 3, server.log_tail()
+        finally:
+            for conn in conns:
+                conn.close()
