@@ -116,6 +116,27 @@ def lock_rotations(group_ids: list[int]) -> dict[int, RotationState]:
     return states
 
 
+def lock_rotations_read(
+    group_ids: list[int], now: datetime
+) -> tuple[dict[int, RotationState], dict[int, list[Any]] | None]:
+    """`lock_rotations`, and on PostgreSQL each group's members (`member_facts`'s `rows`)
+    read after the locks in the same round trip; None elsewhere (member_facts reads them)."""
+    ids = sorted(set(group_ids))
+    if connection.vendor != "postgresql" or not ids:
+        return lock_rotations(ids), None
+    started = time.perf_counter()
+    states, rows = routing_sql.rotation_lock_fetch_with_members(ids, now)
+    missing = [group_id for group_id in ids if group_id not in states]
+    for group_id in missing:  # no rotation row yet: made, then locked like the rest
+        states[group_id] = lock_rotation(group_id)
+    if missing:
+        rows.update(routing_sql.member_rows_many(missing, now))
+    acquired = time.perf_counter()
+    metrics.rotation_lock_waited(acquired - started)
+    transaction.on_commit(lambda: metrics.rotation_lock_held(time.perf_counter() - acquired))
+    return states, rows
+
+
 def day_start(now: datetime, tz: str) -> datetime:
     local = now.astimezone(ZoneInfo(tz))
     return local.replace(hour=0, minute=0, second=0, microsecond=0)

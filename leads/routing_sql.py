@@ -93,6 +93,31 @@ def rotation_lock_fetch_many(group_ids: list[int]) -> dict[int, RotationState]:
     with server_bound_cursor() as cursor:
         cursor.execute(sql, [group_ids])
         rows = cursor.fetchall()
+    return _states(rows, state_fields, group_fields)
+
+
+def rotation_lock_fetch_with_members(
+    group_ids: list[int], now: datetime
+) -> tuple[dict[int, RotationState], dict[int, list[MemberRow]]]:
+    """`rotation_lock_fetch_many`, then `member_rows_many` of the same groups, in one round
+    trip: both statements in one query string, on Django's own cursor (psycopg binds the
+    values on the client and sends the string with the simple protocol). In READ COMMITTED
+    every statement of a query string takes its own snapshot, so the members are read after
+    the locks are granted, exactly as when the two are sent apart: a rep paused while this
+    waited for a lock is seen paused. The round trip saved is one fewer wait for a CPU while
+    the group's lock is held."""
+    lock_sql, state_fields, group_fields = _lock_statement(many=True)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{lock_sql}; {_members_statement()}", [group_ids, now, now, group_ids])
+        states = _states(cursor.fetchall(), state_fields, group_fields)
+        cursor.nextset()
+        members = _member_rows(cursor.fetchall())
+    return states, members
+
+
+def _states(
+    rows: list[Any], state_fields: tuple[Field, ...], group_fields: tuple[Field, ...]
+) -> dict[int, RotationState]:
     n = len(state_fields)
     states = {}
     for row in rows:
@@ -155,7 +180,10 @@ def member_rows_many(group_ids: list[int], now: datetime) -> dict[int, list[Memb
     """`member_rows` of several groups in one statement."""
     with server_bound_cursor() as cursor:
         cursor.execute(_members_statement(), [now, now, group_ids])
-        rows = cursor.fetchall()
+        return _member_rows(cursor.fetchall())
+
+
+def _member_rows(rows: list[Any]) -> dict[int, list[MemberRow]]:
     out: dict[int, list[MemberRow]] = {}
     for (
         group_id,

@@ -527,10 +527,13 @@ def _intake_locked(
 
     state = facts = None
     if job.resolution.group is not None:
-        # The lock: everything below reads and writes under the group's rotation row.
-        state = routing.lock_rotation(job.resolution.group.id)
+        # The lock: everything below reads and writes under the group's rotation row (the
+        # members are read after it, in the same round trip on PostgreSQL).
+        group_id = job.resolution.group.id
+        states, rows = routing.lock_rotations_read([group_id], now)
+        state = states[group_id]
         if state.group.active:
-            facts = routing.member_facts(state.group, now)
+            facts = routing.member_facts(state.group, now, rows=None if rows is None else rows.get(group_id, []))
     routed, _decision = _route(job, now, state, facts)
     lead = routed.lead
 
@@ -570,8 +573,8 @@ def _intake_locked(
 
 def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
     """The routing transaction for a batch: every email's lock (in one order), one dedup
-    check, every group's rotation lock (in id order), each group's members read once after
-    it, the leads decided one after the other in arrival order (each decision moves the
+    check, every group's rotation lock (in id order) and each group's members read once after
+    it (one round trip), the leads decided one after the other in arrival order (each decision moves the
     in-memory rotation and counts the next one reads), and all their rows and the advances
     written in one statement (plus one for the answers of Idempotency-Key requests)."""
     now = timezone.now()
@@ -593,9 +596,11 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
             results.append(None)
             fresh.append(job)
 
-    states = routing.lock_rotations([job.resolution.group.id for job in fresh if job.resolution.group is not None])
+    states, read = routing.lock_rotations_read(
+        [job.resolution.group.id for job in fresh if job.resolution.group is not None], now
+    )
     active = [group_id for group_id, locked in states.items() if locked.group.active]
-    rows = routing_sql.member_rows_many(active, now) if active else {}
+    rows = read if read is not None else routing_sql.member_rows_many(active, now) if active else {}
     facts: dict[int, list[MemberFacts]] = {
         group_id: routing.member_facts(states[group_id].group, now, rows=rows.get(group_id, [])) for group_id in active
     }
