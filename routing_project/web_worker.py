@@ -40,25 +40,31 @@ _claim_lock = multiprocessing.Lock()
 
 
 def claim_row(pid: int) -> int | None:
-    """A free row of the table for worker `pid` (None when all are taken: that worker then
-    listens all the time, as gunicorn's own does)."""
-    with _claim_lock:
+    """A free row of the table for worker `pid`, or None (the table full, or its lock held
+    for seconds by a worker killed while claiming): that worker then listens all the time,
+    as gunicorn's own does, and nobody waits on it."""
+    if not _claim_lock.acquire(timeout=2):
+        return None
+    try:
         for row in range(MAX_WORKERS):
             if _pids[row] in (_FREE, pid):
                 _pids[row] = pid
                 _conns[row] = _NOT_LISTENING  # until its loop runs: it is still loading the app
                 _rows_used.value = max(_rows_used.value, row + 1)
                 return row
-    return None
+        return None
+    finally:
+        _claim_lock.release()
 
 
 def release_row(pid: int) -> None:
-    """Frees the row of worker `pid` (the master calls this when the worker exits)."""
-    with _claim_lock:
-        for row in range(_rows_used.value):
-            if _pids[row] == pid:
-                _conns[row] = _NOT_LISTENING
-                _pids[row] = _FREE
+    """Frees the row of worker `pid` (the master calls this when the worker exits). Without
+    the lock, so that the master never waits: the count is cleared before the pid, so a
+    worker claiming the row meanwhile either skips it or takes it whole."""
+    for row in range(_rows_used.value):
+        if _pids[row] == pid:
+            _conns[row] = _NOT_LISTENING
+            _pids[row] = _FREE
 
 
 def fewest_elsewhere(row: int) -> int | None:

@@ -59,6 +59,19 @@ def test_when_the_table_is_full_a_worker_still_takes_connections(table):
     assert table.claim_row(99) is None
 
 
+def test_a_lock_left_held_never_blocks_the_master(table):
+    """A worker killed while claiming a row leaves the lock held: the next worker goes
+    without a row, and the master still frees rows."""
+    assert table.claim_row(301) == 0
+    assert table._claim_lock.acquire(timeout=1)
+    try:
+        assert table.claim_row(302) is None
+        table.release_row(301)
+        assert table._pids[0] == table._FREE
+    finally:
+        table._claim_lock.release()
+
+
 # --- gunicorn itself -------------------------------------------------------------------------
 
 
