@@ -3,7 +3,7 @@
 Every worker of a gunicorn server waits on the same listening socket, and whichever wakes
 first takes the connection. Intake clients keep their connections open (keep-alive), so an
 early run of luck is kept for good: `make bench` saw 32 clients split 6 / 26 between two
-workers, time after time. The 6 were answered in 55 ms, the 26 in 165 ms, because each
+workers, time after time. The 6 were answered in 41 ms, the 26 in 157 ms, because each
 worker runs Python on one core at most (the GIL); the p99 was that of the crowded worker.
 
 This worker publishes how many connections it holds in a table every worker shares (memory
