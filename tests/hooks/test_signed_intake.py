@@ -14,6 +14,7 @@ from hooks import services
 from hooks.models import HookDelivery, IntakeSource
 from leads.models import Lead
 from security.ratelimit import rate_limit_reset
+from tests.conftest import start_of_a_window
 
 pytestmark = pytest.mark.django_db
 
@@ -210,6 +211,7 @@ def test_rotation_keeps_the_previous_secret_for_the_grace_period(source, make_gr
 def test_source_rate_limit_gives_429_with_retry_after(source, make_group):
     make_group(1, slug="emea", is_default=True)
     IntakeSource.objects.filter(pk=source.pk).update(rate_limit_per_minute=2)
+    start_of_a_window(3)
     codes = [post_signed(source, f'{{"email": "rl{i}@acme.example"}}'.encode()) for i in range(3)]
     assert [r.status_code for r in codes[:2]] == [201, 201]
     assert codes[2].status_code == 429 and 1 <= int(codes[2]["Retry-After"]) <= 60
@@ -259,6 +261,7 @@ def test_a_replay_racing_the_original_is_refused(make_group):
 def test_an_address_sending_bad_signatures_is_cut_off_for_the_minute(source, make_group, settings):
     make_group(1, slug="emea", is_default=True)
     settings.HOOK_SIGNATURE_FAILURES_PER_ADDRESS = 3
+    start_of_a_window(3)
     codes = [post_signed(source, b'{"email": "g@acme.example"}', secret="whsec_guess").status_code for _ in range(3)]
     assert codes == [401, 401, 401]
     # Past the limit even a good signature from that address waits for the next minute.

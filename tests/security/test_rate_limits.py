@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from django.utils import timezone
 
 from leads.models import ApiClient, Lead
 from security import ratelimit
+from tests.conftest import start_of_a_window
 from tests.factories import api_client_with
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,14 +32,6 @@ def _redis_up():
 
 def http(token: str) -> Client:
     return Client(HTTP_AUTHORIZATION=f"Bearer {token}")
-
-
-def start_of_a_window(needed_s: float, window_s: int = 60) -> None:
-    """Waits for the next fixed window when fewer than `needed_s` seconds are left in this
-    one: the limits count per window, so hits meant to add up must fall in one."""
-    left = window_s - time.time() % window_s
-    if left < needed_s:
-        time.sleep(left + 0.05)
 
 
 def limited_client(limit: int) -> tuple[ApiClient, str]:
