@@ -99,31 +99,15 @@ def lock_rotation(group_id: int) -> RotationState:
     return state
 
 
-def lock_rotations(group_ids: list[int]) -> dict[int, RotationState]:
-    """`lock_rotation` for several groups (a batch of intakes), in group id order, in one
-    statement on PostgreSQL."""
-    ids = sorted(set(group_ids))
-    if connection.vendor != "postgresql" or len(ids) == 1:
-        return {group_id: lock_rotation(group_id) for group_id in ids}
-    started = time.perf_counter()
-    states = routing_sql.rotation_lock_fetch_many(ids)
-    for group_id in ids:
-        if group_id not in states:  # no rotation row yet: made, then locked like the rest
-            states[group_id] = lock_rotation(group_id)
-    acquired = time.perf_counter()
-    metrics.rotation_lock_waited(acquired - started)
-    transaction.on_commit(lambda: metrics.rotation_lock_held(time.perf_counter() - acquired))
-    return states
-
-
 def lock_rotations_read(
     group_ids: list[int], now: datetime
 ) -> tuple[dict[int, RotationState], dict[int, list[Any]] | None]:
-    """`lock_rotations`, and on PostgreSQL each group's members (`member_facts`'s `rows`)
-    read after the locks in the same round trip; None elsewhere (member_facts reads them)."""
+    """`lock_rotation` for several groups (a batch of intakes), in group id order, and on
+    PostgreSQL each group's members (`member_facts`'s `rows`) read after the locks, all in
+    one round trip; None elsewhere (member_facts reads them)."""
     ids = sorted(set(group_ids))
     if connection.vendor != "postgresql" or not ids:
-        return lock_rotations(ids), None
+        return {group_id: lock_rotation(group_id) for group_id in ids}, None
     started = time.perf_counter()
     states, rows = routing_sql.rotation_lock_fetch_with_members(ids, now)
     missing = [group_id for group_id in ids if group_id not in states]

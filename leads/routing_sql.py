@@ -86,21 +86,12 @@ def rotation_lock_fetch(group_id: int) -> RotationState | None:
     return state
 
 
-def rotation_lock_fetch_many(group_ids: list[int]) -> dict[int, RotationState]:
-    """`rotation_lock_fetch` for several groups in one statement: the rows are locked in
-    group id order (the lock order everywhere); groups without a rotation row are left out."""
-    sql, state_fields, group_fields = _lock_statement(many=True)
-    with server_bound_cursor() as cursor:
-        cursor.execute(sql, [group_ids])
-        rows = cursor.fetchall()
-    return _states(rows, state_fields, group_fields)
-
-
 def rotation_lock_fetch_with_members(
     group_ids: list[int], now: datetime
 ) -> tuple[dict[int, RotationState], dict[int, list[MemberRow]]]:
-    """`rotation_lock_fetch_many`, then `member_rows_many` of the same groups, in one round
-    trip: both statements in one query string, on Django's own cursor (psycopg binds the
+    """`rotation_lock_fetch` for several groups, locked in group id order (the lock order
+    everywhere; groups without a rotation row are left out), then `member_rows_many` of the
+    same groups, in one round trip: both statements in one query string, on Django's own cursor (psycopg binds the
     values on the client and sends the string with the simple protocol). In READ COMMITTED
     every statement of a query string takes its own snapshot, so the members are read after
     the locks are granted, exactly as when the two are sent apart: a rep paused while this

@@ -600,9 +600,11 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
         [job.resolution.group.id for job in fresh if job.resolution.group is not None], now
     )
     active = [group_id for group_id, locked in states.items() if locked.group.active]
-    rows = read if read is not None else routing_sql.member_rows_many(active, now) if active else {}
     facts: dict[int, list[MemberFacts]] = {
-        group_id: routing.member_facts(states[group_id].group, now, rows=rows.get(group_id, [])) for group_id in active
+        group_id: routing.member_facts(
+            states[group_id].group, now, rows=None if read is None else read.get(group_id, [])
+        )
+        for group_id in active
     }
 
     routed_all: list[_Routed] = []
