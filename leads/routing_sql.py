@@ -335,31 +335,38 @@ def lead_insert_with(
     return list(row)
 
 
-def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> None:
+def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> int | None:
     """The routing transaction's first statement: its lock timeout (SET LOCAL) and the email's
     advisory lock, which serializes intake of one address so two concurrent posts cannot both
-    miss dedup. The dedup check must be a later statement: its snapshot has to follow the lock."""
+    miss dedup. The dedup check must be a later statement: its snapshot has to follow the lock.
+    Returns the configuration version (routing_project/configcache.py), before any write."""
     with server_bound_cursor() as cursor:
         cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0)), "
+            "(SELECT version FROM rotation_configversion WHERE id = 1)",
             [f"{lock_timeout_ms}ms", email_normalized],
         )
+        row = cursor.fetchone()
+    return None if row is None or row[2] is None else int(row[2])
 
 
 # --- batches: several intakes in one transaction (leads/batching.py) ---------------------------
 
 
-def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> None:
+def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> int | None:
     """`intake_begin` for a batch: the lock timeout, then every email's advisory lock, taken
     in the order given (callers sort the emails, so two batches never wait on each other in a
-    cycle; a single intake holds one email lock)."""
+    cycle; a single intake holds one email lock). Returns the configuration version."""
     with server_bound_cursor() as cursor:
         # One statement: the target list runs in order, so the timeout is set before any wait.
         cursor.execute(
             "SELECT set_config('lock_timeout', %s, true), "
-            "(SELECT count(pg_advisory_xact_lock(hashtextextended(e, 0))) FROM unnest(%s::text[]) AS e)",
+            "(SELECT count(pg_advisory_xact_lock(hashtextextended(e, 0))) FROM unnest(%s::text[]) AS e), "
+            "(SELECT version FROM rotation_configversion WHERE id = 1)",
             [f"{lock_timeout_ms}ms", emails],
         )
+        row = cursor.fetchone()
+    return None if row is None or row[2] is None else int(row[2])
 
 
 def open_leads_newest(*, emails: list[str], statuses: tuple[str, ...], since: datetime) -> dict[str, datetime]:

@@ -198,6 +198,11 @@ class IntakeJob(batching.Waiter):
     render: Callable[[Lead, int | None], bytes] | None = None
     result: IntakeResult | None = None
     error: BaseException | None = None
+    # The configuration version the request's look-ups used, for the routing transaction to
+    # check when no read confirmed it yet (routing_project/configcache.py: `defer`); set to
+    # True once the transaction found it current.
+    config_version: int | None = None
+    config_checked: bool = False
 
     def __post_init__(self) -> None:
         batching.Waiter.__init__(self)
@@ -222,7 +227,6 @@ def lead_intake(
     transaction (leads/batching.py).
     """
     resolution = lead_resolve_group(data=data, requested=requested)
-    metrics.lead_received(group=resolution.group.slug if resolution.group else None)
     started = time.perf_counter()
     rid = request_id_var.get()
     job = IntakeJob(
@@ -236,17 +240,24 @@ def lead_intake(
         normalize_email(data["email"]),
         idempotency=idempotency,
         render=render,
+        config_version=configcache.unconfirmed_version(),
     )
-    # A caller's own transaction must hold its lead: batches run in the leader's connection.
-    if connection.vendor == "postgresql" and settings.INTAKE_BATCH_MAX > 1 and not connection.in_atomic_block:
-        _combiner().submit(job)
-        if job.error is not None:
-            raise job.error
-        if job.result is None:
-            raise RuntimeError("intake batch ended without routing this lead")
-        result = job.result
-    else:
-        result = _intake_one(job, render, idempotency)
+    try:
+        # A caller's own transaction must hold its lead: batches run in the leader's connection.
+        if connection.vendor == "postgresql" and settings.INTAKE_BATCH_MAX > 1 and not connection.in_atomic_block:
+            _combiner().submit(job)
+            if job.error is not None:
+                raise job.error
+            if job.result is None:
+                raise RuntimeError("intake batch ended without routing this lead")
+            result = job.result
+        else:
+            result = _intake_one(job, render, idempotency)
+    finally:
+        if job.config_checked:
+            configcache.confirm()
+    # Counted once the lead is taken in: not for an attempt answered again (StaleConfiguration).
+    metrics.lead_received(group=resolution.group.slug if resolution.group else None)
     if not result.body:
         result.body = render(result.lead, result.duplicate_of)
     metrics.intake_finished(
@@ -298,9 +309,10 @@ def _intake_batch(jobs: list[IntakeJob]) -> None:
     """Runs a batch (leads/batching.py): one transaction for all when there are several; each
     job gets its result or its error. If the shared transaction fails for another reason than
     a busy rotation, each lead is routed again on its own, so one bad lead fails alone."""
-    metrics.intake_batch(len(jobs))
     if len(jobs) == 1:
         _intake_one_recorded(jobs[0])
+        if not isinstance(jobs[0].error, configcache.StaleConfiguration):
+            metrics.intake_batch(1)
         return
     attempts = settings.ROUTING_MAX_RETRIES + 1
     for attempt in range(attempts):
@@ -309,6 +321,7 @@ def _intake_batch(jobs: list[IntakeJob]) -> None:
                 results = _intake_locked_many(jobs)
         except Exception as exc:
             if routing.is_lock_timeout(exc):
+                metrics.intake_batch(len(jobs))
                 for job in jobs:
                     metrics.routing_busy(group=job.resolution.group.slug if job.resolution.group else None)
                     job.error = routing.RoutingBusy()
@@ -318,10 +331,17 @@ def _intake_batch(jobs: list[IntakeJob]) -> None:
                 time.sleep(0.01 * (attempt + 1))
                 continue
             logger.warning("routing batch of %d failed (%s); routing them one by one", len(jobs), type(exc).__name__)
+            metrics.intake_batch(len(jobs))
             break
         else:
+            # Counted: the leads this transaction took in (not those answered again).
+            if taken := sum(result is not None for result in results):
+                metrics.intake_batch(taken)
             for job, result in zip(jobs, results, strict=True):
-                job.result = result
+                if result is None:
+                    job.error = configcache.StaleConfiguration()
+                else:
+                    job.result = result
             return
     for job in jobs:
         _intake_one_recorded(job)
@@ -505,10 +525,12 @@ def _intake_locked(
     postgres = connection.vendor == "postgresql"
 
     # Dedup: under the email's lock, so two concurrent posts of one address cannot both pass.
-    if postgres:  # the lock timeout and the email's lock in one statement
-        routing_sql.intake_begin(
+    if postgres:  # the lock timeout, the email's lock and the configuration version in one statement
+        version = routing_sql.intake_begin(
             email_normalized=job.email_normalized, lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
         )
+        if _stale([job], version):
+            raise configcache.StaleConfiguration()
     else:
         routing.set_lock_timeout()
         routing.lock_email(job.email_normalized)
@@ -571,16 +593,42 @@ def _intake_locked(
     return IntakeResult(lead, None, 201, body)
 
 
-def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult]:
+def _stale(jobs: list[IntakeJob], version: int | None) -> set[int]:
+    """The ids of the jobs whose request's look-ups used another configuration version than
+    the one the routing transaction read (routing_project/configcache.py: `defer`); the
+    others that had one to check are marked checked."""
+    configcache.observed(version)
+    stale = set()
+    for job in jobs:
+        if job.config_version is None:
+            continue
+        job.config_checked = job.config_version == version
+        if not job.config_checked:
+            stale.add(id(job))
+    return stale
+
+
+def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult | None]:
     """The routing transaction for a batch: every email's lock (in one order), one dedup
     check, every group's rotation lock (in id order) and each group's members read once after
     it (one round trip), the leads decided one after the other in arrival order (each decision moves the
     in-memory rotation and counts the next one reads), and all their rows and the advances
     written in one statement (plus one for the answers of Idempotency-Key requests)."""
     now = timezone.now()
-    routing_sql.intake_begin_many(
+    version = routing_sql.intake_begin_many(
         emails=sorted(job.email_normalized for job in jobs), lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
     )
+    stale = _stale(jobs, version)
+    if not stale:
+        return list(_intake_locked_many_current(jobs, now))
+    # Those are answered again by their requests (None here); the others go on.
+    live = [job for job in jobs if id(job) not in stale]
+    done = dict(zip(map(id, live), _intake_locked_many_current(live, now) if live else [], strict=True))
+    return [done.get(id(job)) for job in jobs]
+
+
+def _intake_locked_many_current(jobs: list[IntakeJob], now: datetime) -> list[IntakeResult]:
+    """`_intake_locked_many` for the jobs whose configuration is current, after the email locks."""
     sinces = [now - timedelta(days=_dedup_window(job)) for job in jobs]
     newest = routing_sql.open_leads_newest(
         emails=[job.email_normalized for job in jobs], statuses=DEDUP_STATUSES, since=min(sinces)

@@ -10,6 +10,15 @@ groups, rules, accounts, reps' active flag or API clients. A request reads that 
 a new number starts an empty snapshot. So a change is seen by the next request that starts
 after its commit, as when reading the tables directly, and never half.
 
+Intake over the API skips that read (`defer`): it starts on the process's latest snapshot,
+and its routing transaction reads the version in its first statement, before it writes
+anything. If the version moved, the transaction is rolled back (StaleConfiguration) and the
+request is answered again from the start under the new configuration; an answer given
+without reaching that transaction (a 4xx, a replay, a busy rotation) is checked against the
+version before it leaves (`settle`). So a change is still seen by every request that starts
+after its commit, and by those whose transaction starts after it, and a busy intake makes
+one round trip fewer per lead.
+
 Nothing read under a rotation lock comes from here: members, eligibility, caps, the group's
 state and strategy are always read after the lock. On other databases (the embedded SQLite
 default) there is no version, and every look-up reads the tables.
@@ -22,7 +31,7 @@ from collections.abc import Callable, Hashable
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from .db import server_bound_cursor
 
@@ -101,6 +110,9 @@ def _current() -> Snapshot:
 
 
 _scoped: ContextVar[bool] = ContextVar("config_scoped", default=False)
+# True while this request's look-ups use a snapshot bound by `defer` that no read of the
+# version has confirmed yet.
+_unconfirmed: ContextVar[bool] = ContextVar("config_unconfirmed", default=False)
 
 
 class request_scope:
@@ -108,12 +120,81 @@ class request_scope:
     request middleware opens one per request)."""
 
     def __enter__(self) -> None:
-        self._tokens = (_scoped.set(True), _bound.set(None))
+        self._tokens = (_scoped.set(True), _bound.set(None), _unconfirmed.set(False))
 
     def __exit__(self, *exc: object) -> None:
-        scoped, bound = self._tokens
+        scoped, bound, unconfirmed = self._tokens
+        _unconfirmed.reset(unconfirmed)
         _bound.reset(bound)
         _scoped.reset(scoped)
+
+
+class StaleConfiguration(Exception):
+    """An intake's routing transaction read a newer configuration version than the one its
+    request's look-ups used: the transaction wrote nothing and is rolled back, and the request
+    is answered again under the new version."""
+
+
+def defer() -> bool:
+    """Binds this request to the process's latest snapshot without reading the version, for a
+    request whose writes all happen in an intake transaction (which checks the version, see
+    `unconfirmed_version`) and which calls `settle` before answering. False (nothing bound)
+    outside a request scope, once a look-up was made, or when no version is known yet."""
+    if not _scoped.get() or _bound.get() is not None:
+        return False
+    latest = _latest
+    if latest.version is None:
+        return False
+    _bound.set(latest)
+    _unconfirmed.set(True)
+    return True
+
+
+def unconfirmed_version() -> int | None:
+    """The version this request's look-ups used, while no read of the version confirmed it:
+    the routing transaction compares it with the version it reads. None: nothing to check."""
+    if not _unconfirmed.get():
+        return None
+    bound = _bound.get()
+    return bound.version if bound is not None else None
+
+
+def observed(version: int | None) -> None:
+    """A version read from the database (by a routing transaction): later requests of the
+    process start from it."""
+    global _latest
+    if version is not None and _latest.version != version:
+        _latest = Snapshot(version)
+
+
+def confirm() -> None:
+    """This request's routing transaction read the version its look-ups used."""
+    _unconfirmed.set(False)
+
+
+def settle() -> bool:
+    """Before a deferred request answers: True when its look-ups are current (confirmed by its
+    routing transaction, or by reading the version now). False when the version moved: a
+    snapshot of the new one is bound, and the request is to be answered again. When the
+    database cannot be read, the answer already made stands."""
+    if not _unconfirmed.get():
+        return True
+    _unconfirmed.set(False)
+    bound = _bound.get()
+    try:
+        current = _current()
+    except DatabaseError:
+        return True
+    if bound is not None and current.version == bound.version:
+        return True
+    _bound.set(current)
+    return False
+
+
+def refresh() -> None:
+    """After StaleConfiguration: the request's next look-up reads the version again."""
+    _unconfirmed.set(False)
+    _bound.set(None)
 
 
 def cached(kind: str, key: Hashable, loader: Callable[[], T], *, keep_none: bool = True) -> T:

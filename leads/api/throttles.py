@@ -28,8 +28,13 @@ class ClientRateThrottle(BaseThrottle):
         limit = client.rate_limit_per_minute
         if limit is None:
             limit = settings.API_RATE_LIMIT_PER_MINUTE
-        # The token prefix is random per token: counters never leak between clients or databases.
-        verdict = rate_limit_hit(key=f"client:{client.pk}:{client.token_prefix}", limit=limit)
+        # A request answered again (a configuration change, leads/api/views.py) counts once:
+        # the verdict of its first attempt stands.
+        verdict = getattr(request._request, "rate_limit_verdict", None)
+        if verdict is None:
+            # The token prefix is random per token: counters never leak between clients or databases.
+            verdict = rate_limit_hit(key=f"client:{client.pk}:{client.token_prefix}", limit=limit)
+            request._request.rate_limit_verdict = verdict  # type: ignore[attr-defined]
         self._wait = verdict.retry_after or None
         return verdict.allowed
 

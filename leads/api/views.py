@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import django_filters
 from django.db.models import QuerySet
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -20,6 +22,7 @@ from leads import selectors, services
 from leads.models import ApiClient, Lead, LeadStatus
 from leads.routing import RoutingBusy
 from rotation.models import Group
+from routing_project import configcache
 from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
 from routing_project.filters import StrictFilterSet, UtcDateTimeFilter
 
@@ -40,6 +43,8 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 )
 COMMON_ERRORS = {401: ERROR, 403: ERROR}
 
+logger = logging.getLogger(__name__)
+
 
 def _printable_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and all(0x20 <= ord(ch) < 0x7F for ch in key)
@@ -54,6 +59,16 @@ class LeadFilter(StrictFilterSet):
     class Meta:
         model = Lead
         fields = ["status", "group", "owner", "created_after"]
+
+
+def _body_read(request: HttpRequest) -> bool:
+    """Reads the body into memory, so that a request answered again parses it again; False if
+    it cannot be (too large, unreadable): the request is then answered once, as any other."""
+    try:
+        request.body  # noqa: B018 - read for its side effect
+    except Exception:  # noqa: BLE001 - the normal path reports it
+        return False
+    return True
 
 
 def render_lead(lead: Lead, duplicate_of: int | None) -> bytes:
@@ -74,6 +89,24 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
 
     def get_queryset(self) -> QuerySet[Lead]:
         return Lead.objects.select_related("group", "owner").order_by("-id")
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        """Intake starts on the process's last known configuration, without reading its version
+        first: the routing transaction checks it before writing, and any other answer is
+        checked before it leaves. When the configuration moved, the request is answered again
+        from the start (authentication included) under the new one
+        (routing_project/configcache.py)."""
+        action = self.action_map.get((request.method or "").lower())
+        if action != "create" or not _body_read(request) or not configcache.defer():
+            return super().dispatch(request, *args, **kwargs)
+        try:
+            response = super().dispatch(request, *args, **kwargs)
+            if configcache.settle():
+                return response
+        except configcache.StaleConfiguration:
+            configcache.refresh()
+        logger.info("the configuration changed during an intake: answered again under the new one")
+        return super().dispatch(request, *args, **kwargs)
 
     @extend_schema(
         request=LeadInSerializer,
