@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import random
 import secrets
@@ -19,6 +18,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import audit_record
+from routing_project.api import json_loads_client
 
 from .models import HookDelivery, IntakeSource, field_map_problems
 
@@ -200,9 +200,9 @@ def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
     media = content_type.split(";")[0].strip().lower()
     if media == "application/json" or media.endswith("+json"):
         try:
-            payload = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise BadBody("The body is not valid JSON.") from None
+            payload = json_loads_client(body.decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise BadBody(f"The body is not valid JSON: {exc}.") from None
         if not isinstance(payload, dict):
             raise BadBody("The body must be a JSON object.")
         return payload

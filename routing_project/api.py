@@ -1,8 +1,14 @@
 """Pieces every app's API shares."""
 
+import codecs
+import json
+import re
 from typing import Any
 
-from rest_framework import serializers
+from django.conf import settings
+from rest_framework import parsers, serializers
+from rest_framework.exceptions import ParseError
+from rest_framework.utils import json as drf_json
 
 # JSON types the API's schema promises for a field, and DRF's own wording when they are wrong.
 # DRF's fields coerce (5 to "5" for a CharField, "5" to 5 for an IntegerField, "yes" to True),
@@ -60,3 +66,37 @@ class RejectUnknownFieldsMixin:
         if errors:
             raise serializers.ValidationError(errors)
         return value
+
+
+# --- JSON bodies -----------------------------------------------------------------------------
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def json_loads_client(text: str) -> Any:
+    """`json.loads` for a client's body, with NaN and Infinity refused. Raises ValueError with
+    a message a client can act on also where the standard parser would go on or fail hard: a
+    lone UTF-16 surrogate ("\\ud800", which Python accepts but no UTF-8 text, PostgreSQL's
+    jsonb included, can hold) and nesting too deep to parse (RecursionError)."""
+    try:
+        data = json.loads(text, parse_constant=drf_json.strict_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    # A surrogate can only arrive escaped: look for one only when the text has such an escape.
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("a string holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
+    return data
+
+
+class StrictJSONParser(parsers.JSONParser):
+    """DRF's JSON parser with `json_loads_client`'s checks: each is a 400, never a 500."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
+        try:
+            return json_loads_client(codecs.getreader(encoding)(stream).read())
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise ParseError(f"JSON parse error - {exc}") from None

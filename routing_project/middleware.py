@@ -1,3 +1,4 @@
+import json
 import logging
 import re
 import time
@@ -5,7 +6,8 @@ import uuid
 from collections.abc import Callable
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.urls import is_valid_path
 
 from . import configcache, metrics
 from .logging import request_id_var
@@ -49,6 +51,31 @@ class BodySizeLimitMiddleware:
                 return JsonResponse(
                     {"detail": f"Request body is over {settings.MAX_REQUEST_BODY_BYTES} bytes."},
                     status=413,
+                )
+        return self.get_response(request)
+
+
+class ApiTrailingSlashMiddleware:
+    """API paths end with a slash. Django's APPEND_SLASH answers a path without it with a 301
+    (a 500 for a POST with DEBUG on), which clients follow with a GET: a lead posted to
+    /api/v1/leads would get the list of leads and never be taken in. An API request without
+    the slash gets a 308 to the path with it instead, which clients follow with the same
+    method and body, and a JSON body naming the path."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        path = request.path_info
+        if path.startswith("/api/") and not path.endswith("/"):
+            urlconf = getattr(request, "urlconf", None)
+            if not is_valid_path(path, urlconf) and is_valid_path(f"{path}/", urlconf):
+                detail = f"API paths end with a slash: {request.path}/ (this answer is a 308 to it)."
+                return HttpResponsePermanentRedirect(  # 308: the method and the body are kept
+                    request.get_full_path(force_append_slash=True),
+                    preserve_request=True,
+                    content=json.dumps({"detail": detail}),
+                    content_type="application/json",
                 )
         return self.get_response(request)
 

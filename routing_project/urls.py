@@ -38,7 +38,10 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]), name="schema"),
     path(
         "api/docs/",
-        SpectacularSwaggerView.as_view(url_name="schema", authentication_classes=[], permission_classes=[]),
+        # GET only: DRF's OPTIONS answer would be rendered with this page's HTML template.
+        SpectacularSwaggerView.as_view(
+            url_name="schema", authentication_classes=[], permission_classes=[], http_method_names=["get", "head"]
+        ),
         name="docs",
     ),
     path("healthz", health.healthz, name="healthz"),

@@ -44,6 +44,7 @@ MIDDLEWARE = [
     "routing_project.middleware.RequestIdMiddleware",
     "routing_project.middleware.AccessLogMiddleware",
     "routing_project.middleware.BodySizeLimitMiddleware",
+    "routing_project.middleware.ApiTrailingSlashMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -239,7 +240,7 @@ CELERY_BEAT_SCHEDULE["notifications-outbox-sweep"] = {"task": "notifications.out
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["leads.api.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["leads.api.auth.HasScope"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["routing_project.api.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PAGINATION_CLASS": "routing_project.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],

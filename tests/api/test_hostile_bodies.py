@@ -1,0 +1,107 @@
+"""Bodies and paths a client can send that Python's JSON parser or Django's defaults would turn
+into a 500 or a silently lost lead: each gets a clear 4xx (or a 308 to the right path), and
+nothing is written."""
+
+import json
+import time
+
+import pytest
+from django.test import Client
+
+from hooks import services as hook_services
+from leads.models import Lead
+from rotation.models import Group, RoutingRule
+
+pytestmark = pytest.mark.django_db
+
+DEEP = b'{"email": "deep@customer.example", "attributes": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+LONE = '{"email": "lone@customer.example", "attributes": {"k": "\\ud800"}}'
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/api/v1/leads/", "/api/v1/routing/simulate/", "/api/v1/rules/", "/api/v1/groups/", "/api/v1/reps/"],
+)
+def test_json_nested_too_deeply_is_a_400(api, path):
+    r = api.post(path, DEEP, content_type="application/json")
+    assert r.status_code == 400, r.content
+    assert "nested too deeply" in r.json()["detail"]
+    assert not Lead.objects.exists() and not Group.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        LONE,
+        '{"email": "lone@customer.example", "\\udfff": 1}',  # as a key, echoed by the unknown-field error
+        '{"email": "lone@customer.example", "first_name": "\\ud83d"}',  # a pair's first half alone
+    ],
+)
+def test_a_lone_surrogate_is_a_400_with_or_without_an_idempotency_key(api, body):
+    for headers in ({}, {"Idempotency-Key": "lone-1"}):
+        r = api.post("/api/v1/leads/", body, content_type="application/json", headers=headers)
+        assert r.status_code == 400, r.content
+        assert "surrogate" in r.json()["detail"]
+    assert not Lead.objects.exists()
+
+
+def test_a_lone_surrogate_in_a_rule_is_a_400(api, make_group):
+    make_group(1, slug="north")
+    condition = '{"field": "country", "op": "equals", "value": "\\ud800"}'
+    body = '{"name": "x", "priority": 1, "group": "north", "conditions": [' + condition + "]}"
+    r = api.post("/api/v1/rules/", body, content_type="application/json")
+    assert r.status_code == 400, r.content
+    assert not RoutingRule.objects.exists()
+
+
+def test_an_escaped_surrogate_pair_and_an_escaped_backslash_are_valid(api, make_group):
+    make_group(1, slug="north")
+    body = (
+        '{"email": "pair@customer.example", "group": "north", "first_name": "\\ud83d\\ude00", "company": "a\\\\ud800"}'
+    )
+    r = api.post("/api/v1/leads/", body, content_type="application/json")
+    assert r.status_code == 201, r.content
+    lead = Lead.objects.get()
+    assert lead.first_name == "\U0001f600" and lead.company == "a\\ud800"
+
+
+def test_the_signed_hook_refuses_deep_nesting_and_lone_surrogates(make_group):
+    make_group(1, slug="north", is_default=True)
+    source, secret = hook_services.source_create(slug="form", name="Form", actor="test", field_map={})
+    for body in (DEEP, b'{"email": "lone@customer.example", "other": "\\ud800"}'):
+        signature = hook_services.sign(secret=secret, body=body, timestamp=int(time.time()))
+        r = Client().post(
+            "/api/v1/hooks/form/", body, content_type="application/json", headers={"X-Signature": signature}
+        )
+        assert r.status_code == 400, r.content
+    assert not Lead.objects.exists()
+
+
+@pytest.mark.parametrize("method", ["post", "put", "patch", "delete", "get"])
+def test_an_api_path_without_its_slash_is_a_308_to_it(api, method):
+    if method == "get":
+        r = api.get("/api/v1/leads?x=1")
+    else:
+        body = json.dumps({"email": "a@b.example"})
+        r = getattr(api, method)("/api/v1/leads?x=1", body, content_type="application/json")
+    assert r.status_code == 308, r.content
+    assert r["Location"] == "/api/v1/leads/?x=1"
+    assert "/api/v1/leads/" in r.json()["detail"]
+    assert not Lead.objects.exists()
+
+
+def test_a_post_without_the_slash_followed_as_clients_do_takes_the_lead_in(api, make_group):
+    make_group(1, slug="north")
+    r = api.post("/api/v1/leads", {"email": "follow@customer.example", "group": "north"}, format="json", follow=True)
+    assert r.status_code == 201, r.content
+    assert Lead.objects.get().email == "follow@customer.example"
+
+
+def test_an_unknown_api_path_without_a_slash_is_still_a_404():
+    assert Client().post("/api/v1/nothing-here").status_code == 404
+
+
+def test_options_on_the_docs_page_is_not_a_500():
+    r = Client().options("/api/docs/")
+    assert r.status_code == 405
+    assert Client().get("/api/docs/").status_code == 200
