@@ -623,6 +623,8 @@ def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None
     until no eligible rep is left (or `limit`). Leads that used up the group's
     `max_attempts` wait for a manager. Returns how many were assigned."""
     limit = limit or settings.QUEUE_DRAIN_BATCH
+    if not Group.objects.filter(pk=group_id).exists():
+        return 0  # deleted since the drain was asked for: nothing of it left to route
     passed: set[int] = set()
     routed = 0
     while routed + len(passed) < limit:

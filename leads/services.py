@@ -47,6 +47,7 @@ class IdempotencyMismatch(Exception):
 class Replay:
     status: int
     body: bytes
+    lead_id: int | None = None
 
 
 @dataclass
@@ -150,7 +151,9 @@ def idempotency_claim(*, client: ApiClient, key: str, fingerprint: str) -> Repla
         if record.request_hash != fingerprint:
             raise IdempotencyMismatch()
         if record.state == IdempotencyRecord.State.DONE:
-            return Replay(status=record.response_status or 200, body=bytes(record.response_body or b""))
+            return Replay(
+                status=record.response_status or 200, body=bytes(record.response_body or b""), lead_id=record.lead_id
+            )
         stale = now - timedelta(seconds=settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S)
         if record.created_at < stale:
             # Its request died without finishing (and so without writing a lead): take it over.

@@ -19,6 +19,8 @@ _JSON_TYPES: tuple[tuple[type[serializers.Field], tuple[type, ...], str], ...] =
     (serializers.IntegerField, (int,), "A valid integer is required."),
     (serializers.FloatField, (int, float), "A valid number is required."),
     (serializers.DecimalField, (int, float), "A valid number is required."),
+    # An id: 4.5 or "4" is not rep 4.
+    (serializers.PrimaryKeyRelatedField, (int,), "Incorrect type. Expected pk value (an integer)."),
 )
 
 

@@ -5,10 +5,15 @@ import logging
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_safe
 
 logger = logging.getLogger(__name__)
 
 
+# Probes read: GET or HEAD, anything else a 405 (not the CSRF check's 403 page).
+@csrf_exempt
+@require_safe
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
@@ -33,6 +38,8 @@ def check_broker() -> tuple[bool, str]:
         return False, type(exc).__name__
 
 
+@csrf_exempt
+@require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
     """Ready when the database answers. The broker's state is reported: intake keeps working
     without it (the escalation sweep catches up), so a down broker is 'degraded', not down."""

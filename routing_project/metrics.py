@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_safe
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -192,6 +194,8 @@ def exposition() -> bytes:
     return process_part + generate_latest(_database_registry)
 
 
+@csrf_exempt
+@require_safe
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """GET /metrics: Prometheus text format, no authentication (SPEC 6)."""
     return HttpResponse(exposition(), content_type=CONTENT_TYPE_LATEST)

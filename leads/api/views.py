@@ -147,6 +147,8 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             if isinstance(claimed, services.Replay):
                 response = HttpResponse(claimed.body, status=200, content_type="application/json")
                 response["Idempotent-Replayed"] = "true"
+                if claimed.lead_id is not None:  # as the first answer had
+                    response["Location"] = f"/api/v1/leads/{claimed.lead_id}/"
                 return response
             claim = claimed
         try:

@@ -317,7 +317,11 @@ LOGGING: dict[str, Any] = {
         },
     },
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        # Django's own console handler (DEBUG only) would print its records a second time.
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.db.backends": {"level": "WARNING"},
+    },
 }
 
 # The embedded SQLite default serializes all writers, so the deferred position constraint
