@@ -62,8 +62,9 @@ class RejectUnknownFieldsMixin:
             for name in writable & set(data):
                 if name not in errors and (message := json_type_error(fields[name], data[name])):
                     errors[name] = [message]
+        fixed = getattr(self, "fixed_fields", ())  # the resource has them; this request cannot set them
         for name in unknown:
-            readonly = name in fields
+            readonly = name in fields or name in fixed
             errors[str(name)[:100]] = ["This field is read-only." if readonly else "Unknown field."]
         if errors:
             raise serializers.ValidationError(errors)

@@ -43,6 +43,13 @@ class BodySizeLimitMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path.startswith("/api/"):
+            if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+                # Django reads a body by its Content-Length: without one, a chunked body would
+                # be read as empty and the request refused for fields it did send.
+                return JsonResponse(
+                    {"detail": "Send the body with a Content-Length; chunked request bodies are not accepted."},
+                    status=411,
+                )
             try:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:

@@ -10,7 +10,7 @@ from rest_framework import serializers
 from leads.models import Lead
 from rotation.models import Rep
 
-from .serializers import StrictSerializer
+from .serializers import LeadInSerializer, LeadSerializer, StrictSerializer
 
 
 def _existing_rep(value: int) -> int:
@@ -57,6 +57,9 @@ class LeadPatchSerializer(StrictSerializer):
     last_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
     company = serializers.CharField(max_length=200, required=False, allow_blank=True)
     phone = serializers.CharField(max_length=40, required=False, allow_blank=True)
+
+    # The lead's other fields (as read, as posted): "read-only" here, not "unknown".
+    fixed_fields = frozenset(LeadSerializer.Meta.fields) | frozenset(LeadInSerializer._declared_fields)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:

@@ -46,3 +46,15 @@ def test_a_member_is_named_by_an_integer_id_only(api, make_group, spelled):
     assert r.status_code == 400 and "rep" in r.json(), r.content
     assert not group.memberships.exists()
     assert api.post("/api/v1/groups/north/members/", {"rep": rep.pk}, format="json").status_code == 201
+
+
+def test_a_patch_naming_a_field_it_cannot_change_says_read_only_not_unknown(api, make_group):
+    make_group(1, slug="north")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="north"), format="json").json()["id"]
+    r = api.patch(f"/api/v1/leads/{lead_id}/", {"country": "DE", "score": 3, "colour": "red"}, format="json")
+    assert r.status_code == 400
+    assert r.json() == {
+        "country": ["This field is read-only."],
+        "score": ["This field is read-only."],
+        "colour": ["Unknown field."],
+    }
