@@ -79,10 +79,11 @@ def rate_limit_hit(*, key: str, limit: int, window_s: int = 60) -> Verdict:
         if time.monotonic() < _state.down_until:
             return Verdict(True, 0, limit, 0)
         try:
-            pipe = client.pipeline(transaction=False)
-            pipe.incr(full_key)
-            pipe.expire(full_key, window_s + 1)
-            count = int(pipe.execute()[0])
+            count = int(client.incr(full_key))
+            if count == 1:
+                # Once per key: the window is in the key, so the expiry only tidies (a key left
+                # without one by a crash in between counts for no later window).
+                client.expire(full_key, window_s + 1)
         except Exception as exc:  # any Redis failure: fail open, intake keeps working
             return _fail_open(limit, exc)
     else:

@@ -138,3 +138,17 @@ def test_create_api_token_sets_a_rate_limit():
     client = ApiClient.objects.get(name="bench-like")
     assert client.rate_limit_per_minute == 100000
     assert client.token_hash == ApiClient.hash_token(out.getvalue().strip())
+
+
+@pytest.mark.django_db
+def test_each_window_counts_in_a_key_that_expires_after_it():
+    import time
+
+    start_of_a_window(3)
+    key = f"expiry-{time.time_ns()}"
+    verdicts = [ratelimit.rate_limit_hit(key=key, limit=2) for _ in range(3)]
+    assert [(v.allowed, v.count) for v in verdicts] == [(True, 1), (True, 2), (False, 3)]
+    client = ratelimit._redis()
+    full_key = f"{ratelimit._prefix()}:{key}:{int(time.time() // 60)}"
+    assert 0 < client.ttl(full_key) <= 61
+    assert ratelimit.rate_limit_count(key=key) == 3
