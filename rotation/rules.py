@@ -9,10 +9,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pycountry
+
 LEAD_FIELDS = ("country", "region", "source", "product", "score", "company_size", "email_domain")
 NUMERIC_FIELDS = frozenset({"score", "company_size"})
 OPERATORS = ("equals", "in", "not_in", "contains", "gte", "lte", "exists")
 MAX_CONDITIONS = 20
+# What a lead can hold (the intake API validates the same): a rule value outside it could
+# never match, so it is refused when the rule is saved.
+COUNTRY_CODES = frozenset(c.alpha_2 for c in pycountry.countries)
+MAX_ATTRIBUTE_KEY = 64
 
 
 class RuleError(ValueError):
@@ -78,10 +84,32 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
         elif op == "equals" and not _is_scalar(value):
             errors.append(f"{where}: equals needs a string, number or boolean.")
             continue
+        if problem := _never_matches(field, op, value):
+            errors.append(f"{where}: {problem}")
+            continue
         cleaned.append({"field": field, "op": op, "value": value})
     if errors:
         raise RuleError(errors)
     return cleaned
+
+
+def _never_matches(field: str, op: str, value: Any) -> str | None:
+    """Why a well-formed condition could still never hold for any lead (or None): a lead's
+    country is an ISO code, its score and size are numbers, its attribute names are short."""
+    if field.startswith("attributes.") and len(field) - len("attributes.") > MAX_ATTRIBUTE_KEY:
+        return f"attribute names are at most {MAX_ATTRIBUTE_KEY} characters."
+    values = value if op in ("in", "not_in") else [value] if op == "equals" else []
+    if field == "country":
+        bad = [v for v in values if not isinstance(v, str) or v.upper() not in COUNTRY_CODES]
+        if bad:
+            return f"country values are ISO 3166 alpha-2 codes (FR, US, ...), not {bad[0]!r}."
+    if field in NUMERIC_FIELDS:
+        if op == "contains":
+            return f"contains applies to text; {field} is a number (use gte or lte)."
+        bad = [v for v in values if not _is_number(v)]
+        if bad:
+            return f"{field} is a number: {bad[0]!r} would never match."
+    return None
 
 
 def lead_facts(lead: Mapping[str, Any]) -> dict[str, Any]:

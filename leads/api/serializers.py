@@ -3,7 +3,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import pycountry
 from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -12,11 +11,10 @@ from audit.models import AuditEvent
 from leads.models import Lead
 from leads.services import group_by_slug
 from rotation.models import Group
+from rotation.rules import COUNTRY_CODES, MAX_ATTRIBUTE_KEY
 from routing_project.api import RejectUnknownFieldsMixin
 
-COUNTRY_CODES = frozenset(c.alpha_2 for c in pycountry.countries)
 MAX_ATTRIBUTES = 50
-MAX_ATTRIBUTE_KEY = 64
 MAX_ATTRIBUTE_VALUE = 1000
 
 

@@ -85,12 +85,34 @@ def test_condition_table(field, op, value, holds):
         ([{"field": "attributes.", "op": "exists"}], "field must be one of"),
         (["country"], "must be an object"),
         ([{"field": "country", "op": "equals", "value": "FR", "x": 1}], "unknown keys"),
+        # Well formed, but no lead could ever match: refused too.
+        ([{"field": "country", "op": "equals", "value": "France"}], "ISO 3166 alpha-2 codes"),
+        ([{"field": "country", "op": "in", "value": ["FR", "Germany"]}], "not 'Germany'"),
+        ([{"field": "country", "op": "not_in", "value": [5]}], "ISO 3166"),
+        ([{"field": "score", "op": "equals", "value": "high"}], "score is a number"),
+        ([{"field": "company_size", "op": "in", "value": [10, "50"]}], "company_size is a number"),
+        ([{"field": "score", "op": "contains", "value": "5"}], "contains applies to text"),
+        ([{"field": "attributes." + "k" * 65, "op": "exists"}], "at most 64 characters"),
     ],
 )
 def test_validation_names_the_problem(conditions, message):
     with pytest.raises(RuleError) as exc:
         validate_conditions(conditions)
     assert message in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "condition",
+    [
+        {"field": "country", "op": "in", "value": ["fr", "DE"]},  # codes in any case
+        {"field": "score", "op": "equals", "value": 50},
+        {"field": "score", "op": "in", "value": [50, 60.5]},
+        {"field": "attributes." + "k" * 64, "op": "equals", "value": "x"},
+        {"field": "region", "op": "equals", "value": "Île-de-France"},
+    ],
+)
+def test_values_a_lead_can_hold_are_accepted(condition):
+    assert validate_conditions([condition])
 
 
 def test_first_match_by_priority_and_tried_list():
