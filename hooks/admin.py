@@ -8,6 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
+from routing_project.admin_forms import STRICT_JSON
 from security.admin_views import shown_once
 
 from . import services
@@ -33,6 +34,7 @@ class IntakeSourceForm(forms.ModelForm):
 
 @admin.register(IntakeSource)
 class IntakeSourceAdmin(admin.ModelAdmin):
+    formfield_overrides = STRICT_JSON
     """Web forms allowed to post signed leads. The secret is shown once (on creation and on
     rotation) and never again."""
 

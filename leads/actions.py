@@ -311,6 +311,11 @@ def escalation_sweep(*, batch: int | None = None, now: datetime | None = None) -
             outcome = lead_escalate(assignment_id=assignment_id, actor="system:sweep", skip_locked=True).outcome
         except routing.RoutingBusy:
             outcome = "busy"
+        except Exception:
+            # One assignment that cannot be escalated must not hold back the others: logged
+            # with its traceback, tried again by the next sweep.
+            logger.exception("escalation of assignment %s failed", assignment_id)
+            outcome = "failed"
         tally[outcome] = tally.get(outcome, 0) + 1
     return tally
 

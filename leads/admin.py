@@ -1,8 +1,11 @@
+from typing import Any
+
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from .admin_actions import LeadActionsAdminMixin, QueueActionsAdminMixin
+from . import actions
+from .admin_actions import LeadActionsAdminMixin, QueueActionsAdminMixin, admin_actor
 from .admin_clients import ApiClientAdmin  # noqa: F401 - registers the API client admin
 from .models import Assignment, Lead, LeadStatus, QueuedLead
 
@@ -47,6 +50,15 @@ class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
         "raw_payload",
         "email_normalized",
         "manage_links",
+        # Routing facts decided the routing: read-only for everyone (a reroute moves a lead).
+        "country",
+        "region",
+        "source",
+        "product",
+        "score",
+        "company_size",
+        "external_id",
+        "attributes",
     )
     fieldsets = (
         ("Contact", {"fields": ("email", "first_name", "last_name", "company", "phone")}),
@@ -76,6 +88,13 @@ class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Lead | None = None) -> bool:
         return False
+
+    def save_model(self, request: HttpRequest, obj: Lead, form: Any, change: bool) -> None:
+        """Contact edits as the API makes them (leads/actions.py: lead_update): under the lead's
+        lock, the email normalised again for dedup, and a lead.changed event naming the fields."""
+        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in actions.CONTACT_FIELDS}
+        if changes:
+            actions.lead_update(lead_id=obj.pk, changes=changes, actor=admin_actor(request))
 
 
 @admin.register(QueuedLead)

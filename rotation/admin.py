@@ -8,6 +8,8 @@ from django.forms import BaseInlineFormSet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 
+from routing_project.admin_forms import STRICT_JSON
+
 from . import services
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule
 
@@ -78,7 +80,11 @@ class GroupAdmin(admin.ModelAdmin):
             return "Saved groups show their rotation here."
         from leads.selectors import rotation_view
 
-        return render_to_string("admin/rotation/rotation_view.html", {"view": rotation_view(group=obj)})
+        # As saved: on a form with errors `obj` holds the refused values (a bad time zone).
+        stored = Group.objects.filter(pk=obj.pk).first()
+        if stored is None:
+            return "—"
+        return render_to_string("admin/rotation/rotation_view.html", {"view": rotation_view(group=stored)})
 
     def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:
         services.group_save(group=obj, actor=admin_actor(request), changed=form.changed_data)
@@ -119,6 +125,7 @@ class RepAdmin(admin.ModelAdmin):
     list_select_related = ("user",)
     inlines = [AbsenceInline]
     raw_id_fields = ("user",)
+    formfield_overrides = STRICT_JSON
 
     def save_model(self, request: HttpRequest, obj: Rep, form: Any, change: bool) -> None:
         services.rep_save(rep=obj, actor=admin_actor(request), changed=form.changed_data)
@@ -140,6 +147,7 @@ class RoutingRuleAdmin(admin.ModelAdmin):
     list_select_related = ("group",)
     search_fields = ("name",)
     ordering = ("priority", "id")
+    formfield_overrides = STRICT_JSON
 
     def save_model(self, request: HttpRequest, obj: RoutingRule, form: Any, change: bool) -> None:
         services.rule_save(rule=obj, actor=admin_actor(request), changed=form.changed_data)

@@ -81,7 +81,12 @@ def eligibility(m: MemberFacts, now: datetime) -> tuple[bool, str]:
     for starts, ends in m.absences:
         if starts <= now < ends:
             return False, f"out of office until {ends.isoformat()}"
-    if not within_working_hours(m.working_hours, m.rep_timezone, now):
+    try:
+        within = within_working_hours(m.working_hours, m.rep_timezone, now)
+    except (ValueError, TypeError, AttributeError, KeyError):
+        # Validated wherever it is written; this only guards rows written around that.
+        return False, "working hours unreadable (fix them on the rep)"
+    if not within:
         return False, "outside working hours"
     if m.max_open is not None and m.open >= m.max_open:
         return False, f"at max_open cap ({m.open}/{m.max_open})"

@@ -89,6 +89,14 @@ class Rep(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        from .eligibility import validate_working_hours
+
+        try:
+            self.working_hours = validate_working_hours(self.working_hours)
+        except ValueError as exc:
+            raise ValidationError({"working_hours": [str(exc)]}) from exc
+
 
 class Membership(models.Model):
     """A rep in a group's rotation. Position orders the rotation; removal never renumbers."""

@@ -5,6 +5,7 @@ lead's routing fields or `attributes.<key>`. Validation is strict so that a save
 always be evaluated; evaluation never raises.
 """
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +29,12 @@ class RuleError(ValueError):
 
 
 def _is_scalar(value: Any) -> bool:
-    return isinstance(value, str | int | float | bool) and value is not None
+    return isinstance(value, str | bool) or _is_number(value)
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite number (NaN and infinities cannot be stored as JSON, nor compared)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def validate_conditions(conditions: Any) -> list[dict[str, Any]]:

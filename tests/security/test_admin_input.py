@@ -1,0 +1,118 @@
+"""What sales ops and managers type into the admin is validated as the API validates it: a
+form error, never a 500, and never a saved value that breaks intake or escalation later."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from leads import actions
+from leads.models import Assignment, Lead
+from rotation.models import Group, Rep, RoutingRule
+from security.roles import MANAGERS, SALES_OPS
+from tests.conftest import lead_body
+from tests.security.test_admin_roles import form_of, staff
+
+pytestmark = pytest.mark.django_db
+
+
+def post_form(client, url: str, **changes: str):
+    data = form_of(client.get(url))
+    data.update({name: [value] for name, value in changes.items()})
+    return client.post(url, data)
+
+
+@pytest.mark.parametrize(
+    ("hours", "message"),
+    [
+        ('{"tue": [["xx", "yy"]], "wed": "all day"}', "HH:MM"),
+        ('{"mon": [["17:00", "09:00"]]}', "must end after it starts"),
+        ('{"mon": [["09:00", NaN]]}', "NaN"),
+    ],
+)
+def test_sales_ops_cannot_save_working_hours_the_api_would_refuse(api, make_group, hours, message):
+    _group, (rep,) = make_group(1, slug="emea")
+    client = staff(SALES_OPS)
+    r = post_form(client, f"/admin/rotation/rep/{rep.pk}/change/", working_hours=hours)
+    assert r.status_code == 200 and b"errorlist" in r.content, r.content[:500]
+    assert message in r.content.decode()
+    assert Rep.objects.get(pk=rep.pk).working_hours is None
+    assert api.post("/api/v1/leads/", lead_body(group="emea"), format="json").status_code == 201
+
+
+def test_a_rule_with_nan_is_a_form_error(make_group):
+    make_group(1, slug="emea")
+    client = staff(SALES_OPS)
+    data = form_of(client.get("/admin/rotation/routingrule/add/"))
+    data.update(
+        {
+            "name": ["nan"],
+            "priority": ["1"],
+            "group": [str(Group.objects.get().pk)],
+            "conditions": ['[{"field": "score", "op": "gte", "value": NaN}]'],
+        }
+    )
+    r = client.post("/admin/rotation/routingrule/add/", data)
+    assert r.status_code == 200 and b"errorlist" in r.content
+    assert not RoutingRule.objects.exists()
+
+
+def test_a_bad_time_zone_on_a_group_is_a_form_error_with_the_saved_rotation_shown(make_group):
+    group, reps = make_group(2, slug="smb")
+    client = staff(SALES_OPS)
+    r = post_form(client, f"/admin/rotation/group/{group.pk}/change/", timezone="Mars/Olympus")
+    assert r.status_code == 200 and b"errorlist" in r.content
+    assert reps[0].name in r.content.decode()  # the rotation panel, as saved
+    assert Group.objects.get(pk=group.pk).timezone == "UTC"
+
+
+def test_a_manager_edits_contact_fields_only_and_the_edit_is_audited_and_deduplicated(api, make_group):
+    make_group(2, slug="emea")
+    first = api.post("/api/v1/leads/", lead_body(group="emea", country="FR"), format="json").json()
+    client = staff(MANAGERS)
+    url = f"/admin/leads/lead/{first['id']}/change/"
+    r = post_form(client, url, email="  New@Example.COM ", company="New Co", country="US", score="99")
+    assert r.status_code == 302, r.content[:1000]
+    lead = Lead.objects.get(pk=first["id"])
+    assert (lead.email, lead.company, lead.email_normalized) == ("New@Example.COM", "New Co", "new@example.com")
+    assert (lead.country, lead.score) == ("FR", None)  # routing facts: read-only
+    changed = AuditEvent.objects.get(type="lead.changed", lead_id=lead.id)
+    assert sorted(changed.explanation["fields"]) == ["company", "email"]
+    assert changed.actor.startswith("admin:")
+    # Dedup follows the new address, not the old one.
+    assert api.post("/api/v1/leads/", {"email": first["email"], "group": "emea"}, format="json").status_code == 201
+    again = api.post("/api/v1/leads/", {"email": "new@example.com", "group": "emea"}, format="json")
+    assert again.status_code == 200 and again.json()["duplicate_of"] == lead.id
+
+
+def test_working_hours_written_around_validation_keep_the_rep_out_with_a_reason(api, make_group):
+    _group, (broken, fine) = make_group(2, slug="emea")
+    Rep.objects.filter(pk=broken.pk).update(working_hours={"mon": [["xx", "yy"]], "tue": "all day"})
+    r = api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    assert r.status_code == 201 and r.json()["owner"]["id"] == fine.id
+    assigned = AuditEvent.objects.get(type="lead.assigned", lead_id=r.json()["id"])
+    reasons = {c["rep"]: c["reason"] for c in assigned.explanation["candidates"]}
+    assert "working hours unreadable" in reasons[broken.id]
+
+
+def test_one_assignment_that_fails_to_escalate_does_not_stop_the_sweep(api, make_group, monkeypatch, caplog):
+    make_group(2, slug="emea", sla_minutes=1)
+    make_group(2, slug="smb", sla_minutes=1)
+    ids = [api.post("/api/v1/leads/", lead_body(group=g), format="json").json()["id"] for g in ("emea", "smb")]
+    Assignment.objects.filter(lead_id__in=ids).update(due_at=timezone.now() - timedelta(minutes=5))
+    first = Assignment.objects.get(lead_id=ids[0])
+    real = actions.lead_escalate
+
+    def escalate(*, assignment_id, **kwargs):
+        if assignment_id == first.id:
+            raise ValueError("cannot escalate this one")
+        return real(assignment_id=assignment_id, **kwargs)
+
+    monkeypatch.setattr(actions, "lead_escalate", escalate)
+    tally = actions.escalation_sweep()
+    assert tally.get("failed") == 1 and sum(tally.values()) == 2
+    assert Lead.objects.get(pk=ids[1]).escalations == 1  # the other group's lead went on
+    assert "escalation of assignment" in caplog.text
