@@ -403,8 +403,12 @@ def email_content(d: Delivery) -> tuple[str, str]:
         "",
         *(f"{label}: {lead[key]}" for key, label in _EMAIL_FIELDS if lead.get(key) not in (None, "")),
         "",
-        f"Open it: {settings.PUBLIC_BASE_URL.rstrip('/')}/admin/leads/lead/{m.lead_id}/change/",
     ]
+    if m.rep_id is not None and m.event in ("lead.assigned", "lead.escalated"):
+        from leads.accept_link import accept_url
+
+        lines.append(f"Accept it: {accept_url(lead_id=m.lead_id, rep_id=m.rep_id)}")
+    lines.append(f"In the admin: {settings.PUBLIC_BASE_URL.rstrip('/')}/admin/leads/lead/{m.lead_id}/change/")
     return subject, "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from hooks.views import HookView
 from leads import admin_views
+from leads.accept_link import accept_page
 from leads.api.routing_views import ReplayView, SimulateView
 from leads.api.views import LeadViewSet, QueueView, RotationView
 from rotation.api.rules import AbsenceViewSet, RuleViewSet
@@ -44,6 +45,7 @@ urlpatterns = [
         ),
         name="docs",
     ),
+    path("leads/accept/<str:token>/", accept_page, name="lead-accept-link"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),

@@ -16,6 +16,8 @@ _PATTERNS = [
     re.compile(r"\bt=\d+,\s*v1=[0-9a-fA-F]+"),
     re.compile(r"\bv1=[0-9a-fA-F]{16,}"),
     re.compile(r"\b[0-9a-fA-F]{32,}\b"),
+    # The signed token of a rep's accept link (leads/accept_link.py): it opens the lead.
+    re.compile(r"(?<=/leads/accept/)[^/\s\"']+"),
     # Email addresses.
     re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+"),
     # Phone numbers in their usual shapes (not dates, times or ids): international (+...),

@@ -227,6 +227,8 @@ EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="lead-router@localhost")
 # Links in e-mails point here.
 PUBLIC_BASE_URL = env("PUBLIC_BASE_URL", default="http://127.0.0.1:8000")
+# How long the accept link of a notification e-mail works (leads/accept_link.py).
+ACCEPT_LINK_MAX_AGE_S = env.int("ACCEPT_LINK_MAX_AGE_S", default=7 * 24 * 3600)
 NOTIFY_REP_EMAIL = env.bool("NOTIFY_REP_EMAIL", default=True)
 NOTIFY_MAX_ATTEMPTS = env.int("NOTIFY_MAX_ATTEMPTS", default=8)
 NOTIFY_BACKOFF_BASE_S = env.float("NOTIFY_BACKOFF_BASE_S", default=5.0)
