@@ -27,6 +27,10 @@ keepalive = 5
 max_requests = 10000
 max_requests_jitter = 1000
 accesslog = os.environ.get("WEB_ACCESS_LOG", None)
+# gunicorn's control socket defaults to one path per user (~/.gunicorn/gunicorn.ctl), shared by
+# every instance on the host: stopping one removed another's. Nothing here uses it.
+control_socket_disable = os.environ.get("WEB_CONTROL_SOCKET", "") == ""
+control_socket = os.environ.get("WEB_CONTROL_SOCKET") or os.path.join(tempfile.gettempdir(), "unused-gunicorn.ctl")
 
 # Prometheus multiprocess mode: each worker writes its samples to files in this directory and
 # a scrape of /metrics (in any worker) sums them. It must be set before a worker imports

@@ -127,7 +127,11 @@ class LeadActionsAdminMixin:
         if obj.pk is None:
             return ""
         return format_html(
-            '<a class="button" href="{}">Reassign…</a>', reverse("admin:leads_lead_reassign", args=[obj.pk])
+            '<a class="button" href="{}">Reassign…</a> '
+            '<a href="{}?lead_id={}">Audit trail: every decision on this lead</a>',
+            reverse("admin:leads_lead_reassign", args=[obj.pk]),
+            reverse("admin:audit_auditevent_changelist"),
+            obj.pk,
         )
 
     def reassign_view(self, request: HttpRequest, lead_id: int) -> HttpResponse:

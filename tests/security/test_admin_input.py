@@ -116,3 +116,15 @@ def test_one_assignment_that_fails_to_escalate_does_not_stop_the_sweep(api, make
     assert tally.get("failed") == 1 and sum(tally.values()) == 2
     assert Lead.objects.get(pk=ids[1]).escalations == 1  # the other group's lead went on
     assert "escalation of assignment" in caplog.text
+
+
+def test_the_lead_page_links_to_its_own_audit_trail(api, make_group):
+    make_group(2, slug="emea")
+    ids = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"] for _ in range(2)]
+    client = staff(MANAGERS)
+    page = client.get(f"/admin/leads/lead/{ids[0]}/change/").content.decode()
+    assert f"/admin/audit/auditevent/?lead_id={ids[0]}" in page
+    trail = client.get(f"/admin/audit/auditevent/?lead_id={ids[0]}")
+    assert trail.status_code == 200 and "?e=1" not in trail.get("Location", "")
+    rows = trail.context["cl"].result_list
+    assert {e.lead_id for e in rows} == {ids[0]} and {e.type for e in rows} == {"lead.received", "lead.assigned"}
