@@ -24,6 +24,10 @@ class AssignmentInline(admin.TabularInline):
         return super().get_queryset(request).select_related("rep")
 
 
+# The facts the routing decided on: read-only for everyone (a reroute moves a lead).
+ROUTING_FACTS = ("country", "region", "source", "product", "score", "company_size", "external_id", "attributes")
+
+
 @admin.register(Lead)
 class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
     list_display = ("id", "email", "company", "status", "group", "owner", "created_at", "sla_due_at", "escalations")
@@ -50,34 +54,11 @@ class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
         "raw_payload",
         "email_normalized",
         "manage_links",
-        # Routing facts decided the routing: read-only for everyone (a reroute moves a lead).
-        "country",
-        "region",
-        "source",
-        "product",
-        "score",
-        "company_size",
-        "external_id",
-        "attributes",
+        *ROUTING_FACTS,
     )
     fieldsets = (
         ("Contact", {"fields": ("email", "first_name", "last_name", "company", "phone")}),
-        (
-            "Routing facts",
-            {
-                "fields": (
-                    "country",
-                    "region",
-                    "source",
-                    "product",
-                    "score",
-                    "company_size",
-                    "external_id",
-                    "attributes",
-                    "requested_group",
-                )
-            },
-        ),
+        ("Routing facts", {"fields": (*ROUTING_FACTS, "requested_group")}),
         ("Routing", {"fields": ("status", "group", "owner", "queue_reason", "outcome", "escalations", "manage_links")}),
         ("Times", {"fields": ("created_at", "assigned_at", "accepted_at", "closed_at", "sla_due_at")}),
         ("Raw", {"classes": ("collapse",), "fields": ("raw_payload", "email_normalized", "api_client")}),

@@ -11,12 +11,11 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
 
 from leads.models import ApiClient, Lead
 from tests.factories import api_client_with
 
-from .webserver import gunicorn
+from .webserver import gunicorn, live_database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("web-server")]
 
@@ -24,9 +23,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pyt
 def test_a_token_revoked_under_load_routes_nothing_after_its_commit(make_group, tmp_path):
     group, reps = make_group(3, slug="hot")
     client, token = api_client_with(["intake"])
-    db = connection.settings_dict
     env = {
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": live_database_url(),
         "WEB_WORKERS": "2",
         "WEB_THREADS": "4",
     }

@@ -10,7 +10,7 @@ from psycopg_pool import ConnectionPool
 
 from routing_project.postgresql.base import idle_connection_check
 
-from .webserver import gunicorn
+from .webserver import gunicorn, live_database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -111,9 +111,8 @@ def test_the_web_tier_carries_on_after_the_database_dropped_every_connection(mak
 
     group, _reps = make_group(2)
     _client, token = api_client_with(["intake"])
-    db = connection.settings_dict
     env = {
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": live_database_url(),
         "WEB_WORKERS": "1",
         "WEB_THREADS": "2",
         "DB_POOL_MIN_SIZE": "2",

@@ -36,6 +36,15 @@ def healthz(port: int, timeout: float = 2) -> int:
         conn.close()
 
 
+def live_database_url() -> str:
+    """The URL of the database this test runs on, for a server that must see its rows (the
+    test commits them: `django_db(transaction=True)`)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
 @contextmanager
 def gunicorn(tmp_path: Path, **env: str) -> Iterator[WebServer]:
     """gunicorn on a free port with `env` over the production settings, answering /healthz
