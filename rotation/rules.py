@@ -33,8 +33,11 @@ def _is_scalar(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    """A finite number (NaN and infinities cannot be stored as JSON, nor compared)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number (NaN and infinities cannot be stored as JSON, nor compared). Any int
+    is one, however long: Python compares it with a float exactly, never converting it."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
@@ -58,6 +61,9 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
             field in LEAD_FIELDS or (field.startswith("attributes.") and len(field) > len("attributes."))
         ):
             errors.append(f"{where}: field must be one of {', '.join(LEAD_FIELDS)} or attributes.<key>.")
+            continue
+        if "\x00" in field:
+            errors.append(f"{where}: NUL characters are not allowed in a field name.")
             continue
         if op not in OPERATORS:
             errors.append(f"{where}: op must be one of {', '.join(OPERATORS)}.")
@@ -85,6 +91,9 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
                 continue
         elif op == "equals" and not _is_scalar(value):
             errors.append(f"{where}: equals needs a string, number or boolean.")
+            continue
+        if any(isinstance(v, str) and "\x00" in v for v in (value if isinstance(value, list) else [value])):
+            errors.append(f"{where}: NUL characters are not allowed in a value.")  # PostgreSQL's jsonb refuses them
             continue
         if problem := _never_matches(field, op, value):
             errors.append(f"{where}: {problem}")
@@ -149,10 +158,12 @@ def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
     if op in ("gte", "lte"):
         if isinstance(have, bool):
             return False
-        try:
-            number = float(have)
-        except (TypeError, ValueError):
-            return False
+        number: Any = have
+        if not isinstance(have, int | float):
+            try:
+                number = float(have)  # an attribute sent as text ("12"); a long one is inf
+            except (TypeError, ValueError):
+                return False
         return number >= want if op == "gte" else number <= want
     return False
 

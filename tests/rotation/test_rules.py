@@ -93,6 +93,10 @@ def test_condition_table(field, op, value, holds):
         ([{"field": "company_size", "op": "in", "value": [10, "50"]}], "company_size is a number"),
         ([{"field": "score", "op": "contains", "value": "5"}], "contains applies to text"),
         ([{"field": "attributes." + "k" * 65, "op": "exists"}], "at most 64 characters"),
+        # PostgreSQL's jsonb cannot store NUL: refused here rather than failing on save.
+        ([{"field": "region", "op": "equals", "value": "a\x00b"}], "NUL characters"),
+        ([{"field": "region", "op": "in", "value": ["x", "\x00"]}], "NUL characters"),
+        ([{"field": "attributes.a\x00b", "op": "exists"}], "NUL characters"),
     ],
 )
 def test_validation_names_the_problem(conditions, message):
@@ -113,6 +117,28 @@ def test_validation_names_the_problem(conditions, message):
 )
 def test_values_a_lead_can_hold_are_accepted(condition):
     assert validate_conditions([condition])
+
+
+HUGE = int("9" * 400)  # past what a float holds
+
+
+@pytest.mark.parametrize(
+    ("op", "want", "have", "holds"),
+    [
+        ("gte", HUGE, 40, False),
+        ("lte", HUGE, 40, True),
+        ("gte", 10, HUGE, True),
+        ("lte", 10, HUGE, False),
+        ("gte", 10, str(HUGE), True),  # text past a float's range reads as infinity
+        ("gte", -HUGE, -(10**20), True),
+        ("gte", 10, "12", True),
+        ("gte", 10, "nan", False),
+    ],
+    ids=["rule-huge-gte", "rule-huge-lte", "lead-huge-gte", "lead-huge-lte", "lead-text-huge", "negative", "text", "nan"],
+)
+def test_numbers_past_a_floats_range_compare_and_never_raise(op, want, have, holds):
+    (cleaned,) = validate_conditions([{"field": "attributes.seats", "op": op, "value": want}])
+    assert condition_holds(cleaned, {"attributes.seats": have}) is holds
 
 
 def test_first_match_by_priority_and_tried_list():
@@ -231,6 +257,35 @@ def test_bad_rule_is_400_naming_the_problem(api, make_group, patch, field, messa
     assert message in json.dumps(r.json()[field])
     assert not RoutingRule.objects.exists()
     assert not AuditEvent.objects.filter(type="rule.changed").exists()
+
+
+@pytest.mark.django_db
+def test_huge_numbers_in_rules_and_leads_are_not_a_500(api, make_group):
+    make_group(1, slug="emea")
+    r = api.post(
+        "/api/v1/rules/",
+        {**RULE, "conditions": [{"field": "attributes.seats", "op": "gte", "value": HUGE}]},
+        format="json",
+    )
+    assert r.status_code == 201, r.content
+    assert RoutingRule.objects.get().conditions[0]["value"] == HUGE
+    small = api.post("/api/v1/leads/", lead_body(attributes={"seats": 10**30}), format="json")
+    assert small.status_code == 201 and small.json()["status"] == "queued"  # no rule matched, no default
+    big = api.post("/api/v1/routing/simulate/", lead_body(attributes={"seats": HUGE * 10}), format="json")
+    assert big.status_code == 200 and big.json()["group"] == "emea"
+
+
+@pytest.mark.django_db
+def test_nul_in_a_rule_is_400_not_500(api, make_group):
+    make_group(1, slug="emea")
+    for cond in (
+        {"field": "region", "op": "equals", "value": "a\x00b"},
+        {"field": "attributes.a\x00b", "op": "exists"},
+        {"field": "source", "op": "in", "value": ["\x00"]},
+    ):
+        r = api.post("/api/v1/rules/", {**RULE, "conditions": [cond]}, format="json")
+        assert r.status_code == 400 and "NUL" in json.dumps(r.json()["conditions"]), r.content
+    assert not RoutingRule.objects.exists()
 
 
 @pytest.mark.django_db
