@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max, Model
 
 from audit.models import AuditEvent
@@ -40,6 +40,14 @@ def _field_names(obj: Model) -> list[str]:
 FREES_CAPACITY = frozenset({"active", "max_open", "max_per_day", "weight"})
 
 
+def serialize_on(name: str) -> None:
+    """Holds `name`'s lock until the transaction ends (PostgreSQL; SQLite's immediate
+    transactions are serialized already)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [name])
+
+
 # --- groups ----------------------------------------------------------------------------------
 
 
@@ -47,7 +55,9 @@ FREES_CAPACITY = frozenset({"active", "max_open", "max_per_day", "weight"})
 def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None) -> Group:
     created = group.pk is None
     if group.is_default:
-        # One default group: moving the flag is a change to the old default too.
+        # One default group: moving the flag is a change to the old default too. Moves are
+        # serialized, so that two at once end with the later one default, never a conflict.
+        serialize_on("rotation.default_group")
         for old in Group.objects.select_for_update().filter(is_default=True).exclude(pk=group.pk):
             old.is_default = False
             old.save(update_fields=["is_default", "updated_at"])

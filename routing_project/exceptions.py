@@ -4,7 +4,7 @@ import logging
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import OperationalError
+from django.db import IntegrityError, OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -46,6 +46,16 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        )
+    elif isinstance(exc, IntegrityError):
+        # Validation passed, then a concurrent request wrote the same unique value first (two
+        # posts of one slug, one member, one e-mail): the loser wrote nothing and is told why.
+        constraint = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
+        logger.info("integrity conflict: %s", constraint or type(exc.__cause__).__name__)
+        exc = Conflict(
+            "This change conflicts with another one made at the same time"
+            + (f" ({constraint})" if constraint else "")
+            + "; read the current state and retry."
         )
     elif isinstance(exc, OperationalError):
         # The database went away or refused (restart, failover, lock timeout outside routing):

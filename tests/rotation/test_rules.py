@@ -134,7 +134,7 @@ HUGE = int("9" * 400)  # past what a float holds
         ("gte", 10, "12", True),
         ("gte", 10, "nan", False),
     ],
-    ids=["rule-huge-gte", "rule-huge-lte", "lead-huge-gte", "lead-huge-lte", "lead-text-huge", "negative", "text", "nan"],
+    ids=["rule-huge-gte", "rule-huge-lte", "lead-huge-gte", "lead-huge-lte", "text-huge", "negative", "text", "nan"],
 )
 def test_numbers_past_a_floats_range_compare_and_never_raise(op, want, have, holds):
     (cleaned,) = validate_conditions([{"field": "attributes.seats", "op": op, "value": want}])

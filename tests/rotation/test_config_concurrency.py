@@ -1,0 +1,92 @@
+"""Configuration written by several requests at once, on real PostgreSQL with real threads.
+
+Each test holds a lock the requests need until every one of them waits on it, so that they
+all pass validation before any of them writes: the race is made to happen, not hoped for.
+"""
+
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from rotation.models import Group, Membership, RotationState
+from tests.factories import GroupFactory, RepFactory, api_client_with
+from tests.leads.test_concurrency import http_client
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("concurrency")]
+
+
+def waiting_on_locks() -> int:
+    """Sessions waiting on a lock, seen from inside a transaction (whose view of
+    pg_stat_activity is otherwise taken once and kept)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_stat_clear_snapshot(), (SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database())"
+        )
+        return cursor.fetchone()[1]
+
+
+def racing(requests, hold) -> list[int]:
+    """Runs `requests` (callables returning a response) in threads while `hold` (a callable
+    taking the lock) is held in this thread, releases it once all of them wait, and returns
+    their status codes. A 500 is raised in its thread by Django's test client: a failure."""
+    statuses: list[int] = []
+    errors: list[BaseException] = []
+
+    def run(request) -> None:
+        try:
+            statuses.append(request().status_code)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in requests]
+    with transaction.atomic():
+        hold()
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while waiting_on_locks() < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert waiting_on_locks() == len(threads), "the requests never all waited on the lock"
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    return statuses
+
+
+def test_moving_the_default_group_at_once_ends_with_one_default():
+    old = GroupFactory(slug="old-default", is_default=True)
+    groups = [GroupFactory(slug=f"g{i}") for i in range(4)]
+    client = http_client(api_client_with(["manage"])[1])
+
+    def make_default(slug: str):
+        return lambda: client.patch(f"/api/v1/groups/{slug}/", {"is_default": True}, content_type="application/json")
+
+    # The current default's row, which every move must lock to clear its flag.
+    statuses = racing([make_default(g.slug) for g in groups], lambda: Group.objects.select_for_update().get(pk=old.pk))
+    assert statuses == [200] * len(groups)
+    defaults = list(Group.objects.filter(is_default=True))
+    assert len(defaults) == 1 and defaults[0] in groups
+
+
+def test_the_same_member_added_at_once_is_one_201_and_409s_naming_the_conflict():
+    group = GroupFactory(slug="team")
+    RotationState.objects.get_or_create(group=group)
+    rep = RepFactory()
+    client = http_client(api_client_with(["manage"])[1])
+    answers = []
+
+    def add():
+        answers.append(client.post("/api/v1/groups/team/members/", {"rep": rep.pk}, content_type="application/json"))
+        return answers[-1]
+
+    # The rotation row, which appending a member locks to allocate its position.
+    statuses = racing([add] * 3, lambda: RotationState.objects.select_for_update().get(group=group))
+    assert sorted(statuses) == [201, 409, 409]
+    assert Membership.objects.filter(group=group, rep=rep).count() == 1
+    for conflict in (r for r in answers if r.status_code == 409):
+        assert "at the same time" in conflict.json()["detail"]
