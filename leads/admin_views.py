@@ -12,7 +12,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from . import dashboard
-from .bulk import ImportFormatError, iter_text, leads_import
+from .bulk import ImportFormatError, csv_text, leads_import
 
 PERIODS = {
     "1": ("Last 24 hours", timedelta(days=1)),
@@ -65,9 +65,8 @@ def import_page(request: HttpRequest) -> HttpResponse:
         actor = f"admin:{request.user.get_username()}:{upload.name}"[:200]
         try:
             # Streamed: Django spools a large upload to a temporary file; it is read in chunks.
-            report = leads_import(
-                lines=iter_text(upload.chunks()), actor=actor, notify_reps=form.cleaned_data["notify"]
-            )
+            upload.seek(0)
+            report = leads_import(lines=csv_text(upload.file), actor=actor, notify_reps=form.cleaned_data["notify"])
         except ImportFormatError as exc:
             error = str(exc)
     context = {

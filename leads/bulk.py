@@ -24,17 +24,18 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
+import io
 import logging
 import multiprocessing
 import queue
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import IO, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -48,6 +49,7 @@ from notifications.services import outbox_add_many
 from rotation.eligibility import MemberFacts
 from rotation.models import Account, Group, RotationState
 from rotation.rules import lead_facts, match_rules
+from routing_project.api import json_loads_client
 from routing_project.bulkdb import ids_reserve, rows_insert, supports_copy
 
 from . import notify, ownership, routing
@@ -63,6 +65,7 @@ ATTRIBUTE_PREFIX = "attributes."
 COLUMNS = tuple(LeadInSerializer().fields)
 MEMO_FIELDS = ("country", "region", "source", "product", "score", "company_size", "group")
 MEMO_SIZE = 10_000
+_UNDECODED = re.compile("[\udc80-\udcff]")
 
 
 class ImportFormatError(ValueError):
@@ -175,9 +178,10 @@ def count_rows(path: str) -> int:
     lines, last = 0, b"\n"
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
-            lines += chunk.count(b"\n")
+            # Lines end in \n, \r\n or \r (a \r\n split between two chunks counts twice).
+            lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
             last = chunk[-1:]
-    if last != b"\n":
+    if last not in (b"\n", b"\r"):
         lines += 1
     return max(lines - 1, 0)
 
@@ -195,7 +199,7 @@ def leads_import(
 
     `parallel`: validate in a forked process (the command line); else in a thread."""
     report = ImportReport(import_id=f"import-{uuid.uuid4().hex[:12]}")
-    reader = csv.reader(lines)
+    reader = csv.reader(lines, strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -210,7 +214,19 @@ def leads_import(
         parsed = _Parsed([], 0, 0, [])
         local = ImportReport(import_id=report.import_id)  # collects this batch's bad rows
         line = reader.line_num
-        for cells in reader:
+        while True:
+            try:
+                cells = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                # Malformed CSV: that row is reported and the reader goes on at the next line.
+                start, line = line + 1, reader.line_num
+                parsed.read += 1
+                local.invalid += 1
+                if len(local.errors) < MAX_ERRORS_KEPT:
+                    local.errors.append(RowError(start, {"row": [_csv_problem(exc, start, line)]}))
+                continue
             start, line = line + 1, reader.line_num  # a quoted cell may span lines: report the first
             if not any(c.strip() for c in cells):
                 continue
@@ -239,6 +255,19 @@ def leads_import(
         if progress:
             progress(parsed.read)
     return report
+
+
+def _csv_problem(exc: csv.Error, start: int, end: int) -> str:
+    text = str(exc)
+    if "field limit" in text:
+        problem = f"a cell is longer than {csv.field_size_limit()} characters"
+    elif "end of data" in text:
+        problem = "a quoted cell is not closed before the end of the file"
+    elif "expected after" in text:
+        problem = 'text after a closing quote (quote the whole cell, and double any " inside it)'
+    else:
+        problem = f"not readable as CSV ({text})"
+    return f"{problem}{f' (lines {start}-{end})' if end > start else ''}."
 
 
 @dataclass
@@ -330,8 +359,17 @@ def _read_ahead(items: Iterator[Any], *, depth: int) -> Iterator[Any]:
         thread.join(timeout=5)
 
 
+def _column_name(cell: str) -> str:
+    name = cell.strip()
+    if name.lower().startswith(ATTRIBUTE_PREFIX):
+        return ATTRIBUTE_PREFIX + name[len(ATTRIBUTE_PREFIX) :]
+    return name.lower()
+
+
 def _check_header(header: list[str]) -> list[str]:
-    columns = [h.strip().lower() for h in header]
+    # Column names in any case; an attribute's key as written (the API keeps its case, and a
+    # rule on attributes.<Key> must match imported leads as it matches posted ones).
+    columns = [_column_name(h) for h in header]
     unknown = [
         c for c in columns if c not in COLUMNS and not (c.startswith(ATTRIBUTE_PREFIX) and c != ATTRIBUTE_PREFIX)
     ]
@@ -364,6 +402,9 @@ def _validate(
     errors: dict[str, list[str]] = {}
     if len(cells) > len(columns):
         errors["row"] = [f"{len(cells)} cells for {len(columns)} columns."]
+    if any(_UNDECODED.search(c) for c in cells):
+        # The bytes `csv_text` could not read as UTF-8 (kept as lone surrogates, never stored).
+        errors["row"] = [*errors.get("row", []), "Not UTF-8 text: save the file as UTF-8 (CSV UTF-8)."]
     for name, value in zip(columns, cells, strict=False):
         value = value.strip()
         if not value:
@@ -373,9 +414,9 @@ def _validate(
             attributes[name[len(ATTRIBUTE_PREFIX) :]] = value
         elif name == "attributes":
             try:
-                parsed = json.loads(value)
-            except ValueError:
-                errors["attributes"] = ["Must be a JSON object."]
+                parsed = json_loads_client(value)
+            except ValueError as exc:
+                errors["attributes"] = [f"Must be a JSON object ({exc})."]
                 continue
             if isinstance(parsed, dict):
                 attributes = {**parsed, **attributes}
@@ -725,17 +766,14 @@ def _route_one(
     return _NewLead(row.line, values, AuditEvent.Type.LEAD_QUEUED, explanation)
 
 
-def iter_text(chunks: Iterator[bytes], encoding: str = "utf-8-sig") -> Iterator[str]:
-    """Decodes an uploaded file's chunks into lines without reading it whole."""
-    import codecs
-
-    decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
-    pending = ""
-    for chunk in chunks:
-        pending += decoder.decode(chunk)
-        *complete, pending = pending.split("\n")
-        for line in complete:
-            yield line + "\n"
-    pending += decoder.decode(b"", final=True)
-    if pending:
-        yield pending
+def csv_text(binary: IO[bytes]) -> Iterator[str]:
+    """The lines of a CSV file opened in binary, as the csv module wants them: UTF-8 (a BOM
+    dropped), lines ending in \\n, \\r\\n or \\r alike, streamed. Bytes that are not UTF-8 are kept
+    as lone surrogates, so that their row, not the whole file, is refused with its line
+    number (`_validate`)."""
+    text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="surrogateescape", newline="")
+    try:
+        yield from text
+    finally:
+        if not binary.closed:
+            text.detach()  # the caller closes its own file (else the wrapper would, when collected)

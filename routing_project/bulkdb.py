@@ -7,6 +7,7 @@ databases (the embedded SQLite default) it falls back to `bulk_create`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -16,8 +17,13 @@ from psycopg import sql
 
 
 def _json(value: Any) -> str:
-    """JSON text for a jsonb column (orjson: several times json's speed; keys as json makes them)."""
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    """JSON text for a jsonb column (orjson: several times json's speed; keys as json makes
+    them), or the standard library's for what orjson refuses (integers past 64 bits, which a
+    lead's attributes may hold, as intake's do)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return json.dumps(value)
 
 
 def ids_reserve(model: type[models.Model], n: int) -> list[int]:

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from audit.models import AuditEvent
-from leads.bulk import ImportFormatError, count_rows, leads_import
+from leads.bulk import ImportFormatError, count_rows, csv_text, leads_import
 from leads.models import Assignment, Lead
 from notifications.models import OutboxMessage
 from rotation import services
@@ -275,3 +275,74 @@ def test_a_batch_retries_after_a_lock_timeout_on_a_held_rotation_row(make_group,
     assert Lead.objects.count() == 3 and Assignment.objects.count() == 3
     assert RotationState.objects.get(group=group).turns == 3
     assert "import batch retried after 55P03" in caplog.text  # lock_not_available, then success
+
+
+def bytes_run(data: bytes, **kwargs):
+    return leads_import(lines=csv_text(io.BytesIO(data)), actor="import:test", **kwargs)
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"], ids=["lf", "crlf", "cr"])
+def test_any_line_ending_and_a_bom_read_alike(make_group, ending):
+    make_group(1, slug="emea")
+    rows = [HEADER.strip().encode(), *(r.encode() for r in good_rows(3)), b"bad,nope,,,,,emea,"]
+    report = bytes_run(b"\xef\xbb\xbf" + ending.join(rows) + ending)
+    assert (report.rows, report.imported, report.invalid) == (4, 3, 1)
+    assert [e.line for e in report.errors] == [5]
+
+
+def test_bytes_that_are_not_utf8_refuse_their_row_only_naming_its_line(make_group):
+    make_group(1, slug="emea")
+    latin1 = "y-1,rene@customer.example,René,Müller SA,FR,10,emea,\n".encode("latin-1")
+    first, last = (good_rows(1, prefix=p)[0].encode() for p in "xz")
+    report = bytes_run(HEADER.encode() + first + b"\n" + latin1 + last)
+    assert (report.rows, report.imported, report.invalid) == (3, 2, 1)
+    assert report.errors[0].line == 3 and "Not UTF-8" in str(report.errors[0])
+    assert not Lead.objects.filter(external_id="y-1").exists()
+
+
+def test_malformed_csv_is_a_bad_row_and_the_reader_goes_on(make_group):
+    make_group(1, slug="emea")
+    huge = "x" * 140_000
+    report = run(
+        csv_of(
+            good_rows(1, prefix="a")[0],
+            f"b-1,b1@customer.example,{huge},Acme,FR,10,emea,",  # past the csv module's field limit
+            good_rows(1, prefix="c")[0],
+            'd-1,d1@customer.example,"Jane"Doe,Acme,FR,10,emea,',  # text after a closing quote
+            good_rows(1, prefix="e")[0],
+            'f-1,f1@customer.example,"Jane,Acme,FR,10,emea,',  # never closed: takes the rest
+            good_rows(1, prefix="g")[0],
+        )
+    )
+    by_line = {e.line: str(e) for e in report.errors}
+    assert set(by_line) == {3, 5, 7}
+    assert "longer than" in by_line[3] and "closing quote" in by_line[5]
+    assert "not closed before the end of the file (lines 7-8)" in by_line[7]
+    assert sorted(Lead.objects.values_list("external_id", flat=True)) == ["a-0", "c-0", "e-0"]
+    assert (report.rows, report.imported, report.invalid) == (6, 3, 3)
+
+
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [('"' + "[" * 100_000 + '"', "nested too deeply"), ('"{""k"": ""\\ud800""}"', "surrogate")],
+    ids=["deep", "surrogate"],
+)
+def test_an_attributes_cell_the_api_refuses_is_a_bad_row(make_group, cell, message):
+    make_group(1, slug="emea")
+    report = run(csv_of(f"h-1,h1@customer.example,Jane,Acme,FR,10,emea,{cell}", header=HEADER.replace(".campaign", "")))
+    assert report.invalid == 1 and message in str(report.errors[0])
+
+
+def test_attributes_keep_their_case_and_numbers_past_64_bits(make_group):
+    make_group(1, slug="emea")
+    big = 2**70
+    header = "external_id,email,group,attributes.Campaign,attributes\n"
+    report = run(csv_of(f'k-1,k1@customer.example,emea,spring,"{{""seats"": {big}}}"', header=header))
+    assert report.imported == 1, report.errors
+    assert Lead.objects.get(external_id="k-1").attributes == {"Campaign": "spring", "seats": big}
+
+
+def test_count_rows_counts_lines_of_any_ending(tmp_path: Path):
+    path = tmp_path / "cr.csv"
+    path.write_bytes(b"email\ra@x.example\rb@x.example\r")
+    assert count_rows(str(path)) == 2

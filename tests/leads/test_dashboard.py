@@ -94,3 +94,18 @@ def test_upload_imports_and_lists_bad_lines(admin_client, make_group):
     assert "2 already imported" in again.content.decode() and Lead.objects.count() == 2
     bad = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("x.csv", b"colour\nred\n")})
     assert "unknown columns" in bad.content.decode()
+
+
+@pytest.mark.parametrize("spooled", [False, True], ids=["in-memory", "temporary-file"])
+def test_upload_reads_cr_endings_and_refuses_latin1_rows_by_line(admin_client, make_group, settings, spooled):
+    if spooled:
+        settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 10  # Django writes the upload to a temporary file
+    make_group(1, slug="emea")
+    body = "external_id,email,first_name,group\rc-1,one@customer.example,Ann,emea\rc-2,two@customer.example,René,emea\r"
+    response = admin_client.post(
+        "/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body.encode("latin-1"), "text/csv")}
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "2 rows: 1 imported" in html and "Not UTF-8 text" in html and "<td>3</td>" in html
+    assert list(Lead.objects.values_list("external_id", flat=True)) == ["c-1"]

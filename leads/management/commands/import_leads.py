@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from leads.bulk import BATCH_SIZE, ImportFormatError, count_rows, leads_import
+from leads.bulk import BATCH_SIZE, ImportFormatError, count_rows, csv_text, leads_import
 
 
 class Command(BaseCommand):
@@ -40,9 +40,9 @@ class Command(BaseCommand):
             file=self.stderr._out,
         )
         try:
-            with open(path, encoding="utf-8-sig", newline="") as lines:
+            with open(path, "rb") as f:
                 report = leads_import(
-                    lines=lines,
+                    lines=csv_text(f),
                     actor=actor,
                     batch_size=options["batch_size"],
                     notify_reps=not options["no_notify"],
@@ -51,8 +51,6 @@ class Command(BaseCommand):
                 )
         except ImportFormatError as exc:
             raise CommandError(str(exc)) from exc
-        except UnicodeDecodeError as exc:
-            raise CommandError(f"The file is not UTF-8 text: {exc}") from exc
         finally:
             bar.close()
         elapsed = time.perf_counter() - started
