@@ -29,6 +29,7 @@ from audit.models import AuditEvent
 from audit.services import Event, audit_record_many
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Group, Membership, Rep, RotationState
+from routing_project import metrics
 
 from . import notify, ownership, routing, scheduling
 from .models import OPEN_STATUSES, Assignment, Lead, LeadStatus
@@ -252,8 +253,16 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     audit_record_many(events=events)
     # The rep who missed has one open lead fewer: under a max_open cap that frees capacity.
     scheduling.drain_schedule_on_commit(group_ids=[group.id])
+    slug, outcome = group.slug, "reassigned" if new_rep else "queued"
+    transaction.on_commit(lambda: _escalation_counted(slug, outcome))
     logger.info("lead %s escalated from rep %s to %s", lead.id, missed_rep, new_rep or "the queue")
     return EscalationResult("escalated" if new_rep else "queued", lead_id=lead.id)
+
+
+def _escalation_counted(group: str, outcome: str) -> None:
+    """Every escalation is an SLA missed; counted once committed (a rollback counts nothing)."""
+    metrics.sla_breach_recorded(group=group)
+    metrics.escalation_recorded(group=group, outcome=outcome)
 
 
 def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: list[Event]) -> bool:

@@ -4,12 +4,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
-from routing_project import metrics
+from leads import actions
+from leads.models import Assignment
 
 
 def scrape() -> dict[tuple[str, tuple], float]:
@@ -74,18 +77,29 @@ def test_metrics_needs_no_token_and_counts_intake_by_group(make_group, post_lead
 
 
 @pytest.mark.django_db
-def test_escalation_and_sla_breach_counters_are_exposed():
+def test_escalations_and_sla_breaches_are_counted_by_group_and_outcome(
+    make_group, post_lead, django_capture_on_commit_callbacks
+):
+    group, _reps = make_group(2, sla_minutes=30, max_attempts=2)
+    lead = post_lead(group=group.slug).json()
     before = scrape()
-    metrics.escalation_recorded(group="emea", outcome="reassigned")
-    metrics.sla_breach_recorded(group="emea")
+    for expected in ("escalated", "queued"):  # to the other rep, then to the queue (max_attempts)
+        Assignment.objects.filter(lead_id=lead["id"], ended_at=None).update(
+            due_at=timezone.now() - timedelta(seconds=1)
+        )
+        open_assignment = Assignment.objects.get(lead_id=lead["id"], ended_at=None)
+        with django_capture_on_commit_callbacks(execute=True):  # counted once committed
+            assert actions.lead_escalate(assignment_id=open_assignment.pk).outcome == expected
+    with django_capture_on_commit_callbacks(execute=True):
+        assert actions.lead_escalate(assignment_id=open_assignment.pk).outcome == "done"  # twice: counted once
     after = scrape()
-    name = "leadrouter_escalations_total"
-    assert (
-        value(after, name, group="emea", outcome="reassigned") - value(before, name, group="emea", outcome="reassigned")
-        == 1
-    )
-    name = "leadrouter_sla_breaches_total"
-    assert value(after, name, group="emea") - value(before, name, group="emea") == 1
+
+    def delta(name: str, **labels) -> float:
+        return value(after, name, group=group.slug, **labels) - value(before, name, group=group.slug, **labels)
+
+    assert delta("leadrouter_escalations_total", outcome="reassigned") == 1
+    assert delta("leadrouter_escalations_total", outcome="queued") == 1
+    assert delta("leadrouter_sla_breaches_total") == 2
 
 
 def test_multiprocess_mode_sums_the_samples_of_every_process(tmp_path):
