@@ -26,7 +26,7 @@ trap cleanup EXIT INT TERM
 pids+=($!)
 "$VENV/bin/celery" -A routing_project beat --loglevel INFO --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
 pids+=($!)
-echo "Worker and beat started (logs in var/log/). Web on http://$HOST:$PORT/ (Ctrl-C stops everything)."
+echo "Worker and beat started (logs in var/log/, e-mails to reps in var/mail/). Web on http://$HOST:$PORT/ (Ctrl-C stops everything)."
 "$VENV/bin/gunicorn" routing_project.wsgi:application --config gunicorn.conf.py --bind "$HOST:$PORT" &
 pids+=($!)
 wait -n "${pids[@]}"

@@ -217,7 +217,10 @@ CELERY_BEAT_SCHEDULE.update(
 )
 
 # --- Notifications (outbound webhooks per group, e-mail to the rep) ------------------------
-EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+# By default each e-mail is a file in EMAIL_FILE_PATH, never a log line: an e-mail names its
+# rep and carries an accept link, and logs hold no contact data. Name SMTP for real delivery.
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.filebased.EmailBackend")
+EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(BASE_DIR / "var" / "mail"))
 EMAIL_HOST = env("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")

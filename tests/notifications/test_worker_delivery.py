@@ -39,3 +39,19 @@ def test_the_worker_delivers_after_commit_and_retries_with_backoff(api, make_gro
     assert OutboxMessage.objects.get(lead_id=lead_id).dispatched_at is not None
     assert len(receiver.requests) == 2
     assert json.loads(receiver.requests[-1]["body"])["lead"]["id"] == lead_id
+
+
+def test_the_worker_logs_json_records_with_no_contact_data(api, make_group, celery_worker_factory):  # noqa: F811
+    # The worst case: an e-mail backend that prints the whole message to the worker's stdout.
+    env = {"LOG_FORMAT": "json", "EMAIL_BACKEND": "django.core.mail.backends.console.EmailBackend"}
+    worker = celery_worker_factory(beat=False, env=env)
+    worker.start()
+    group, reps = make_group(1, slug="emea")
+    response = api.post("/api/v1/leads/", lead_body(group="emea", phone="+33 6 12 34 56 78"), format="json")
+    lead_id = response.json()["id"]
+    assert wait_for(lambda: Delivery.objects.filter(message__lead_id=lead_id, status="sent").exists(), timeout=30)
+    log = worker.log_path.read_text()
+    assert reps[0].email not in log and response.json()["email"] not in log and "12 34 56" not in log, log
+    assert "/leads/accept/[redacted]" in log, log  # the printed e-mail went through the filter too
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert any(r.get("logger") == "celery.app.trace" for r in records), log
