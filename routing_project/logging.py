@@ -11,7 +11,12 @@ request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id
 
 class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id_var.get()
+        # Django logs a 4xx or 5xx after the middleware has let go of the id: its record carries
+        # the request, which holds it.
+        # Several handlers filter the same record: the first one's answer stands.
+        if getattr(record, "request_id", "-") == "-":
+            request = getattr(record, "request", None)
+            record.request_id = getattr(request, "request_id", None) or request_id_var.get()
         return True
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
+
+from django.http import HttpRequest
 
 REDACTED = "[redacted]"
 
@@ -56,10 +59,26 @@ class RedactingFilter(logging.Filter):
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
         for key, value in list(record.__dict__.items()):
-            # Fields passed with `extra=` (structured logs) get the same treatment.
-            if key not in _RECORD_ATTRS and isinstance(value, str):
-                setattr(record, key, redact(value))
+            # Fields passed with `extra=` (structured logs) get the same treatment, whatever
+            # their type: Django's own records carry the request object.
+            if key not in _RECORD_ATTRS:
+                setattr(record, key, _redacted(value))
         return True
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    if isinstance(value, HttpRequest):
+        # Its method and path: never the query string, which may hold anything a client sent.
+        return redact(f"{value.method} {value.path}")
+    return redact(str(value))
 
 
 _RECORD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "request_id", "taskName"}

@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from routing_project.logging import JsonFormatter, RequestIdFilter, request_id_var
+from security.redaction import RedactingFilter
 
 
 def test_json_formatter_writes_one_object_with_request_id_and_extra_fields():
@@ -70,3 +71,29 @@ def test_metrics_and_health_are_not_access_logged(client, caplog):
     assert client.get("/healthz").status_code == 200
     assert client.get("/metrics").status_code == 200
     assert not [r for r in caplog.records if r.name == "routing_project.access"]
+
+
+@pytest.mark.django_db
+def test_djangos_own_4xx_records_carry_the_request_id_and_no_query_string(api, caplog):
+    caplog.set_level(logging.INFO, logger="django.request")
+    caplog.handler.addFilter(RequestIdFilter())  # as the console handler does, at emit time
+    caplog.handler.addFilter(RedactingFilter())
+    response = api.get(
+        "/api/v1/leads/?status=jane.doe@acme.example&phone=%2B33612345678", headers={"X-Request-ID": "trace-43"}
+    )
+    assert response.status_code == 400
+    (record,) = [r for r in caplog.records if r.name == "django.request"]
+    out = json.loads(JsonFormatter().format(record))
+    assert out["request_id"] == "trace-43"
+    assert out["request"] == "GET /api/v1/leads/"
+    assert "jane.doe" not in json.dumps(out) and "612345678" not in json.dumps(out)
+
+
+def test_structured_fields_of_any_shape_are_redacted():
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "sent", (), None)
+    record.data = {"to": ["ann@corp.example"], "n": 3, "nested": {"phone": "+33 6 12 34 56 78"}}
+    record.target = ("bob@corp.example", 5)
+    RedactingFilter().filter(record)
+    out = json.loads(JsonFormatter().format(record))
+    assert out["data"] == {"to": ["[redacted]"], "n": 3, "nested": {"phone": "[redacted]"}}
+    assert out["target"] == ["[redacted]", 5]
