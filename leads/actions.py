@@ -634,15 +634,18 @@ def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead
 
 def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None = None) -> int:
     """Routes the group's queued leads in arrival order, one locked transaction per lead,
-    until no eligible rep is left (or `limit`). Leads that used up the group's
-    `max_attempts` wait for a manager. Returns how many were assigned."""
+    until no eligible rep is left, the queue is walked through, or `limit` leads are
+    assigned. Leads that used up the group's `max_attempts` wait for a manager; a lead that
+    no free rep may take (only reps who had it are free, or it waits for its account's
+    owner) is stepped over, and counts for nothing: however many wait so, the leads behind
+    them are reached. Returns how many were assigned."""
     limit = limit or settings.QUEUE_DRAIN_BATCH
     if not Group.objects.filter(pk=group_id).exists():
         return 0  # deleted since the drain was asked for: nothing of it left to route
-    passed: set[int] = set()
+    cursor = [0]  # the id of the last lead looked at: the walk goes on past it
     routed = 0
-    while routed + len(passed) < limit:
-        outcome = _in_transaction(lambda: _drain_one(group_id, passed, actor))
+    while routed < limit:
+        outcome = _in_transaction(lambda: _drain_one(group_id, cursor, actor))
         if outcome == "assigned":
             routed += 1
         elif outcome != "skipped":
@@ -652,7 +655,7 @@ def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None
     return routed
 
 
-def _drain_one(group_id: int, passed: set[int], actor: str) -> str:
+def _drain_one(group_id: int, cursor: list[int], actor: str) -> str:
     state = routing.lock_rotation(group_id)
     group = state.group
     if not group.active:
@@ -668,12 +671,13 @@ def _drain_one(group_id: int, passed: set[int], actor: str) -> str:
         .alias(tried=tried)
         .filter(status=LeadStatus.QUEUED, group_id=group_id)
         .filter(Q(tried__isnull=True) | Q(tried__lt=group.max_attempts))
-        .exclude(pk__in=passed)
+        .filter(pk__gt=cursor[0])
         .order_by("id")
         .first()
     )
     if lead is None:
         return "empty"
+    cursor[0] = lead.id
     now = timezone.now()
     had = set(Assignment.objects.filter(lead=lead).values_list("rep_id", flat=True))
     facts, decision = ownership.group_decide(
@@ -683,7 +687,6 @@ def _drain_one(group_id: int, passed: set[int], actor: str) -> str:
         if had or decision.queue_reason:
             # Only reps who already had this lead are free, or it waits for its account's
             # owner: later leads may still go.
-            passed.add(lead.id)
             return "skipped"
         return "no_rep"
     queued_reason = lead.queue_reason

@@ -185,6 +185,23 @@ def test_a_lead_kept_for_its_account_owner_goes_to_the_owner_when_back(api, make
     assert Assignment.objects.get(lead_id=kept["id"]).reason == "owner_match"
 
 
+@pytest.mark.django_db
+def test_leads_kept_for_an_owner_never_block_the_leads_behind_them(api, make_group, settings):
+    from rotation.models import Account
+
+    settings.QUEUE_DRAIN_BATCH = 3  # fewer than the kept leads: the drain must walk past them
+    group, reps = make_group(2, slug="emea", owner_match_fallback_to_rotation=False)
+    Account.objects.create(domain="bigco.example", owner=reps[1])
+    Membership.objects.filter(group=group).update(active=False)  # nobody free: all queue
+    kept = [post(api, group="emea", email=f"person{i}@bigco.example") for i in range(5)]
+    behind = post(api, group="emea")
+    assert {lead["status"] for lead in [*kept, behind]} == {"queued"}
+    Membership.objects.filter(group=group, rep=reps[0]).update(active=True)  # the owner stays away
+    assert actions.queue_drain(group_id=group.id) == 1
+    assert Lead.objects.get(pk=behind["id"]).owner_id == reps[0].id
+    assert Lead.objects.filter(pk__in=[k["id"] for k in kept], status="queued").count() == 5
+
+
 @pytest.fixture
 def drains(monkeypatch):
     """The group ids whose drain was requested after commit (the real callback is swapped out)."""
