@@ -18,21 +18,51 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+# A probe answers within seconds whatever the state of what it checks: a database or broker
+# that does not answer is reported as down, not waited for (a pooled connection would be
+# waited for DB_POOL_TIMEOUT, an unpooled one to a hung server for ever).
+DATABASE_PROBE_TIMEOUT_S = 2  # libpq's least connect_timeout
+BROKER_PROBE_TIMEOUT_S = 0.5
+
+
 def check_database() -> tuple[bool, str]:
+    """The database answers `SELECT 1`. PostgreSQL: on a connection of its own, opened with a
+    timeout, so that neither a pool waiting for a server nor a hung server holds the probe."""
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+        if connection.vendor != "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            return True, "ok"
+        import psycopg
+
+        params = connection.get_connection_params()
+        params["connect_timeout"] = DATABASE_PROBE_TIMEOUT_S
+        with psycopg.connect(**params) as probe:
+            probe.execute("SELECT set_config('statement_timeout', %s, false)", [str(DATABASE_PROBE_TIMEOUT_S * 1000)])
         return True, "ok"
     except Exception as exc:  # any failure means not ready
         return False, type(exc).__name__
 
 
 def check_broker() -> tuple[bool, str]:
-    from routing_project.celery import app
-
+    """The broker answers: a Redis PING with short timeouts, else one kombu connection attempt."""
+    url = settings.CELERY_BROKER_URL
     try:
+        if url.startswith(("redis://", "rediss://", "unix://")):
+            import redis
+
+            client = redis.Redis.from_url(
+                url, socket_connect_timeout=BROKER_PROBE_TIMEOUT_S, socket_timeout=BROKER_PROBE_TIMEOUT_S
+            )
+            try:
+                client.ping()
+            finally:
+                client.close()
+            return True, "ok"
+        from routing_project.celery import app
+
         with app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=1)
+            conn.ensure_connection(max_retries=0, timeout=1)
         return True, "ok"
     except Exception as exc:
         return False, type(exc).__name__

@@ -150,6 +150,12 @@ class DatabaseGauges(Collector):
             from django.utils import timezone
 
             from leads.models import Assignment, Lead, LeadStatus
+            from routing_project.health import check_database
+
+            # Within a scrape's timeout: a database that does not answer is reported at once.
+            reachable, detail = check_database()
+            if not reachable:
+                raise ConnectionError(detail)
 
             now: datetime = timezone.now()
             queued = (
