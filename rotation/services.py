@@ -32,6 +32,12 @@ def _values(obj: Model, fields: Iterable[str]) -> dict[str, Any]:
     return out
 
 
+def _audited(obj: Model, created: bool, changed: Iterable[str] | None) -> list[str]:
+    """The fields an event lists: all of them for a new row or when the caller cannot say
+    (`changed` None), else those the change named (none: no event)."""
+    return _field_names(obj) if created or changed is None else list(changed)
+
+
 def _field_names(obj: Model) -> list[str]:
     return [f.attname for f in obj._meta.concrete_fields if f.attname not in ("created_at", "updated_at", "joined_at")]
 
@@ -72,7 +78,9 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
     RotationState.objects.get_or_create(group=group)
     if group.active and (created or changed is None or "active" in changed):
         capacity_freed(group_ids=[group.pk])  # a group (re)activated routes its queued leads
-    fields = _field_names(group) if created else list(changed or _field_names(group))
+    fields = _audited(group, created, changed)
+    if not fields:
+        return group  # a PATCH that names nothing changes nothing: no event
     audit_record(
         type=AuditEvent.Type.GROUP_CHANGED,
         actor=actor,
@@ -100,7 +108,9 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
     if rep.active and not created and (changed is None or "active" in changed):
         # A rep re-activated takes leads again: drain its groups' queues after commit.
         capacity_freed(group_ids=Membership.objects.filter(rep=rep).values_list("group_id", flat=True))
-    fields = [f for f in (_field_names(rep) if created else list(changed or _field_names(rep))) if f != "email"]
+    fields = [f for f in _audited(rep, created, changed) if f != "email"]
+    if not fields and not created:
+        return rep
     audit_record(
         type=AuditEvent.Type.REP_CHANGED,
         actor=actor,
@@ -149,6 +159,8 @@ def membership_update(*, membership: Membership, actor: str, changed: Iterable[s
     membership.save()
     if membership.active and FREES_CAPACITY.intersection(changed):
         capacity_freed(group_ids=[membership.group_id])  # un-paused or a cap raised: drain the queue
+    if not changed:
+        return membership
     audit_record(
         type=AuditEvent.Type.MEMBERSHIP_CHANGED,
         actor=actor,
@@ -208,7 +220,9 @@ def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = 
     created = rule.pk is None
     rule.full_clean()
     rule.save()
-    fields = _field_names(rule) if created else list(changed or _field_names(rule))
+    fields = _audited(rule, created, changed)
+    if not fields:
+        return rule
     audit_record(
         type=AuditEvent.Type.RULE_CHANGED,
         actor=actor,

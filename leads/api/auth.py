@@ -88,7 +88,8 @@ def required_scope(view: Any, request: Request) -> str | None:
     scopes = getattr(view, "required_scopes", None)
     if scopes:
         action = getattr(view, "action", None) or (request.method or "").lower()
-        return scopes.get(action, scopes.get("*"))
+        # An action the view does not name needs the widest scope: never none by omission.
+        return scopes.get(action, scopes.get("*", "manage"))
     return getattr(view, "required_scope", None)
 
 

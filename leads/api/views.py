@@ -4,6 +4,7 @@ import logging
 from typing import Any
 
 import django_filters
+from django import forms
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
@@ -50,10 +51,16 @@ def _printable_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and all(0x20 <= ord(ch) < 0x7F for ch in key)
 
 
+class IdFilter(django_filters.NumberFilter):
+    """A row id: a whole number (a decimal one, `?owner=3.9`, is a 400, never rep 3)."""
+
+    field_class = forms.IntegerField
+
+
 class LeadFilter(StrictFilterSet):
     status = django_filters.ChoiceFilter(choices=LeadStatus.choices)
     group = django_filters.CharFilter(field_name="group__slug", max_length=64)
-    owner = django_filters.NumberFilter(field_name="owner_id", min_value=1)
+    owner = IdFilter(field_name="owner_id", min_value=1, max_value=2**63 - 1)
     created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
 
     class Meta:
@@ -84,6 +91,7 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         "list": "read",
         "retrieve": "read",
         "events": "read",
+        "metadata": "read",  # OPTIONS
         **ACTION_SCOPES,
     }
 

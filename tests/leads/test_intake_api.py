@@ -347,6 +347,9 @@ def test_list_filters_and_pagination(api, make_group):
     assert api.get("/api/v1/leads/?status=bogus").status_code == 400
     assert api.get("/api/v1/leads/?created_after=yesterday").status_code == 400
     assert api.get("/api/v1/leads/?owner=abc").status_code == 400
+    for odd in ("3.9", "1e3", str(2**63)):  # a rep id is a whole number in range, never rounded
+        r = api.get(f"/api/v1/leads/?owner={odd}")
+        assert r.status_code == 400 and "owner" in r.json(), (odd, r.content)
     assert api.get("/api/v1/leads/?page=99").status_code == 404
 
 

@@ -122,3 +122,29 @@ def test_rotation_view(api, make_group):
     for key in ("position", "weight", "active", "current_weight", "assigned_week", "share"):
         assert key in members[a.id]
     assert api.get("/api/v1/groups/missing/rotation/").status_code == 404
+
+
+def test_a_patch_naming_nothing_writes_no_event(api, make_group):
+    group, reps = make_group(1, slug="quiet")
+    rule = api.post(
+        "/api/v1/rules/",
+        {
+            "name": "Q",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+            "group": "quiet",
+        },
+        format="json",
+    ).json()
+    before = AuditEvent.objects.count()
+    for path in (
+        "/api/v1/groups/quiet/",
+        f"/api/v1/reps/{reps[0].pk}/",
+        f"/api/v1/rules/{rule['id']}/",
+        f"/api/v1/groups/quiet/members/{reps[0].pk}/",
+    ):
+        assert api.patch(path, {}, format="json").status_code == 200, path
+    assert AuditEvent.objects.count() == before
+    api.patch("/api/v1/groups/quiet/", {"name": "Quiet"}, format="json")
+    event = AuditEvent.objects.filter(type="group.changed").latest("id")
+    assert event.explanation["changes"] == {"name": "Quiet"}

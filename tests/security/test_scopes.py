@@ -108,6 +108,19 @@ def test_no_token_is_401(client, endpoint):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("url", sorted({e.url for e in PROTECTED}))
+def test_options_needs_a_token_too(url):
+    """OPTIONS describes the endpoint: not to anyone (an action a view forgets to name needs
+    the widest scope)."""
+    from rest_framework.test import APIClient
+
+    assert APIClient().options(url).status_code == 401
+    if url == "/api/v1/leads/":  # describing the lead resource needs the read scope
+        assert api_for(["intake", "manage"]).options(url).status_code == 403
+        assert api_for(["read"]).options(url).status_code == 200
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("endpoint", PROTECTED, ids=str)
 def test_revoked_or_unknown_token_is_401(endpoint):
     from leads.models import ApiClient
