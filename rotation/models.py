@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower
 
 
 def validate_timezone(value: str) -> None:
@@ -85,12 +86,21 @@ class Rep(models.Model):
 
     class Meta:
         ordering = ["name", "id"]
+        constraints = [
+            # Mailboxes do not care about case, so neither does a rep's identity.
+            models.UniqueConstraint(Lower("email"), name="rep_email_unique_without_case"),
+        ]
 
     def __str__(self) -> str:
         return self.name
 
     def clean(self) -> None:
         from .eligibility import validate_working_hours
+
+        if self.email and Rep.objects.filter(email__iexact=self.email).exclude(pk=self.pk).exists():
+            raise ValidationError(
+                {"email": ["A rep with this e-mail already exists (e-mails are compared without case)."]}
+            )
 
         try:
             self.working_hours = validate_working_hours(self.working_hours)

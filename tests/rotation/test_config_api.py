@@ -148,3 +148,13 @@ def test_a_patch_naming_nothing_writes_no_event(api, make_group):
     api.patch("/api/v1/groups/quiet/", {"name": "Quiet"}, format="json")
     event = AuditEvent.objects.filter(type="group.changed").latest("id")
     assert event.explanation["changes"] == {"name": "Quiet"}
+
+
+def test_rep_emails_are_unique_without_case(api):
+    body = {"name": "Ada", "email": "ada@sales.example"}
+    assert api.post("/api/v1/reps/", body, format="json").status_code == 201
+    r = api.post("/api/v1/reps/", {**body, "email": "ADA@Sales.example"}, format="json")
+    assert r.status_code == 400 and "without case" in r.json()["email"][0]
+    other = api.post("/api/v1/reps/", {"name": "Bo", "email": "bo@sales.example"}, format="json").json()
+    r = api.patch(f"/api/v1/reps/{other['id']}/", {"email": "Ada@sales.example"}, format="json")
+    assert r.status_code == 400 and "email" in r.json()
