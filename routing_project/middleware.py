@@ -15,6 +15,22 @@ from .logging import request_id_var
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
 
+class HeadWithoutBodyMiddleware:
+    """A HEAD answer carries the GET answer's headers and no body (RFC 9110). Django leaves
+    dropping the body to the server, and gunicorn logs a warning on every such response:
+    load balancers' HEAD probes of /healthz would fill the logs."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if request.method == "HEAD" and not response.streaming and response.content:
+            response["Content-Length"] = str(len(response.content))
+            response.content = b""
+        return response
+
+
 class RequestIdMiddleware:
     """Gives every request an id (the caller's X-Request-ID when sane), echoed back and logged."""
 

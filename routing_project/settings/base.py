@@ -41,6 +41,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "routing_project.middleware.HeadWithoutBodyMiddleware",
     "routing_project.middleware.RequestIdMiddleware",
     "routing_project.middleware.AccessLogMiddleware",
     "routing_project.middleware.BodySizeLimitMiddleware",

@@ -1,0 +1,45 @@
+"""Requests the real web server sees differently from Django's test client: a chunked body
+(a clear 411, never a body read as empty: Django reads bodies by their Content-Length), and
+HEAD (the GET headers, no body)."""
+
+import http.client
+import json
+
+import pytest
+
+from tests.ops.webserver import gunicorn
+
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("web-server")]
+
+
+def test_a_chunked_post_is_a_411_naming_the_content_length(tmp_path):
+    body = json.dumps({"email": "chunked@customer.example"}).encode()
+    with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request(
+            "POST",
+            "/api/v1/leads/",
+            body=iter([body]),  # no length: http.client sends it chunked
+            headers={"Content-Type": "application/json", "Authorization": "Bearer lr_none"},
+            encode_chunked=True,
+        )
+        response = conn.getresponse()
+        answer = response.read()
+        conn.close()
+    assert response.status == 411, answer
+    assert "Content-Length" in json.loads(answer)["detail"]
+
+
+def test_head_probes_get_the_get_headers_and_no_body_and_no_warning(tmp_path):
+    with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2") as server:
+        answers = {}
+        for method in ("GET", "HEAD"):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            conn.request(method, "/healthz")
+            response = conn.getresponse()
+            answers[method] = (response.status, response.getheader("Content-Length"), response.read())
+            conn.close()
+        log = server.log.read_text(errors="replace")
+    assert answers["HEAD"] == (200, answers["GET"][1], b"")
+    assert answers["GET"][2] and int(answers["GET"][1]) == len(answers["GET"][2])
+    assert "no-body response" not in log, log
