@@ -208,7 +208,10 @@ def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
         return payload
     if media == "application/x-www-form-urlencoded":
         try:
-            pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=200)
+            # Percent-escapes decoded strictly too: %E9 (Latin-1) is refused, never stored as U+FFFD.
+            pairs = parse_qsl(
+                body.decode("utf-8"), keep_blank_values=True, max_num_fields=200, encoding="utf-8", errors="strict"
+            )
         except (UnicodeDecodeError, ValueError):
             raise BadBody("The body is not valid form data (UTF-8, at most 200 fields).") from None
         return dict(pairs)  # a repeated field keeps its last value

@@ -87,6 +87,19 @@ def test_form_encoded_body_is_accepted(source, make_group):
     assert lead.raw_payload["junk"] == "x"  # unmapped fields are kept, not routed on
 
 
+def test_form_escapes_that_are_not_utf8_are_a_400_not_replacement_characters(source, make_group):
+    make_group(1, slug="emea", is_default=True)
+    r = post_signed(
+        source, b"your-email=rene%40acme.example&fname=Ren%E9", content_type="application/x-www-form-urlencoded"
+    )
+    assert r.status_code == 400 and "UTF-8" in json.dumps(r.json()), r.content
+    assert not Lead.objects.exists()
+    ok = post_signed(
+        source, b"your-email=rene%40acme.example&fname=Ren%C3%A9", content_type="application/x-www-form-urlencoded"
+    )
+    assert ok.status_code == 201 and Lead.objects.get().first_name == "René"
+
+
 def test_form_values_as_json_text_or_numbers_are_taken_as_they_come(source, make_group):
     """A form service's JSON carries what the visitor typed, as text or numbers: coerced here,
     unlike the typed REST API, which answers a number for a string field with a 400."""
