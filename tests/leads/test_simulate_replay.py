@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.apps import apps
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -328,6 +328,21 @@ def test_replay_command_prints_counts_and_writes_nothing(api, make_group):
     assert json.loads(out.getvalue())["changed"] == 0
     assert AuditEvent.objects.filter(type="lead.assigned").count() == 8
     assert ApiClient.objects.count() >= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "2026-02-30T00:00:00Z"], "not an ISO 8601"),
+        (["--since", "2026-13-01T00:00:00Z"], "not an ISO 8601"),
+        (["--since", "yesterday"], "not an ISO 8601"),
+        (["--since", "2026-01-01T00:00:00Z", "--config", "@/nonexistent/proposal.json"], "cannot read it"),
+        (["--since", "2026-01-01T00:00:00Z", "--config", "{"], "not JSON"),
+    ],
+)
+def test_replay_command_names_a_bad_argument(args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("replay_routing", *args)
 
 
 def test_replay_over_too_many_decisions_is_refused_by_the_api(api, make_group, monkeypatch):

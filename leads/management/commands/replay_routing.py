@@ -14,7 +14,10 @@ from leads.replay import ReplayError, routing_replay
 
 
 def _when(value: str) -> datetime:
-    parsed = parse_datetime(value)
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:  # well formed, but no such day or time (2026-02-30)
+        parsed = None
     if parsed is None:
         raise CommandError(f"'{value}' is not an ISO 8601 date-time.")
     return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, timezone.get_current_timezone())
@@ -44,7 +47,10 @@ class Command(BaseCommand):
         if options["config"]:
             text = options["config"]
             if text.startswith("@"):
-                text = Path(text[1:]).read_text()
+                try:
+                    text = Path(text[1:]).read_text()
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise CommandError(f"--config {text}: cannot read it ({exc}).") from None
             try:
                 config = json.loads(text)
             except json.JSONDecodeError as exc:
