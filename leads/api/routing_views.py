@@ -18,7 +18,9 @@ from rotation.models import Group
 from .serializers import LeadInSerializer, RepBriefSerializer, StrictSerializer
 from .views import COMMON_ERRORS, VALIDATION_ERROR
 
-MAX_REPLAY_TURNS = 200_000  # a few seconds of work; larger windows: manage.py replay_routing
+# One request's worth: about 150 µs of CPU per decision, so this is some 7 s, well inside
+# gunicorn's 30 s timeout and a load balancer's. Larger windows: manage.py replay_routing.
+MAX_REPLAY_TURNS = 50_000
 
 
 class SimulateCandidateSerializer(serializers.Serializer):
