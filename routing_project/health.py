@@ -46,7 +46,9 @@ def check_database() -> tuple[bool, str]:
 
 def check_broker() -> tuple[bool, str]:
     """The broker answers: a Redis PING with short timeouts, else one kombu connection attempt."""
-    url = settings.CELERY_BROKER_URL
+    from routing_project.celery import app
+
+    url = app.conf.broker_write_url or app.conf.broker_url or settings.CELERY_BROKER_URL  # what intake publishes to
     try:
         if url.startswith(("redis://", "rediss://", "unix://")):
             import redis
@@ -59,8 +61,6 @@ def check_broker() -> tuple[bool, str]:
             finally:
                 client.close()
             return True, "ok"
-        from routing_project.celery import app
-
         with app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=0, timeout=1)
         return True, "ok"

@@ -11,6 +11,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from routing_project import health
+from tests.celery_worker import broker_at
 
 
 @pytest.fixture
@@ -47,9 +48,9 @@ def timed(path: str):
 
 
 @pytest.mark.django_db
-def test_a_hung_broker_is_degraded_at_once(settings, silent_port):
-    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{silent_port}/0"
-    response, seconds = timed("/readyz")
+def test_a_hung_broker_is_degraded_at_once(silent_port):
+    with broker_at(f"redis://127.0.0.1:{silent_port}/0"):
+        response, seconds = timed("/readyz")
     assert response.status_code == 200 and response.json()["status"] == "degraded"
     assert seconds < 1.5
 
