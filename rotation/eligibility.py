@@ -1,5 +1,6 @@
 """Is a member eligible right now, and if not, why: a pure function over plain data."""
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, time
@@ -36,6 +37,14 @@ def parse_hhmm(value: str) -> time:
     return time(h, m)
 
 
+_HHMM = re.compile(r"[0-9]{1,2}:[0-9]{2}")  # ASCII digits only (int() also reads "٩")
+
+
+def _padded(value: str) -> str:
+    hours, minutes = value.split(":")
+    return f"{int(hours):02d}:{minutes}"
+
+
 def validate_working_hours(value: Any) -> dict[str, list[list[str]]] | None:
     """Normalises working hours or raises ValueError naming the problem."""
     if value is None:
@@ -53,12 +62,14 @@ def validate_working_hours(value: Any) -> dict[str, list[list[str]]] | None:
             if not (isinstance(span, list | tuple) and len(span) == 2 and all(isinstance(s, str) for s in span)):
                 raise ValueError(f'{day}: each span is ["HH:MM", "HH:MM"].')
             try:
+                if not all(_HHMM.fullmatch(s) for s in span):
+                    raise ValueError
                 start, end = parse_hhmm(span[0]), parse_hhmm(span[1])
             except ValueError:
-                raise ValueError(f"{day}: times must be HH:MM.") from None
+                raise ValueError(f"{day}: times must be HH:MM (00:00 to 24:00).") from None
             if end <= start:
                 raise ValueError(f"{day}: a span must end after it starts ({span[0]}-{span[1]}).")
-            out.append([span[0], span[1]])
+            out.append([_padded(span[0]), _padded(span[1])])  # "9:00" is stored as "09:00"
         cleaned[day] = out
     return cleaned
 

@@ -162,12 +162,26 @@ def test_rep_outside_working_hours_is_skipped(api, make_group):
 
 @pytest.mark.parametrize(
     "hours",
-    [{"mon": [["17:00", "09:00"]]}, {"monday": [["09:00", "17:00"]]}, {"mon": [["9am", "5pm"]]}, ["09:00"]],
+    [
+        {"mon": [["17:00", "09:00"]]},
+        {"monday": [["09:00", "17:00"]]},
+        {"mon": [["9am", "5pm"]]},
+        ["09:00"],
+        {"mon": [["\u0669:00", "17:00"]]},  # Arabic-Indic 9: int() reads it, HH:MM does not
+        {"mon": [[" 9:00", "17:00"]]},
+        {"mon": [["09:00", "24:01"]]},
+    ],
 )
 def test_bad_working_hours_are_400(api, make_group, hours):
     _, (rep,) = make_group(1)
     r = api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": hours}, format="json")
     assert r.status_code == 400 and "working_hours" in r.json()
+
+
+def test_working_hours_are_stored_as_hh_mm(api, make_group):
+    _, (rep,) = make_group(1)
+    r = api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": {"mon": [["9:00", "24:00"]]}}, format="json")
+    assert r.status_code == 200 and r.json()["working_hours"] == {"mon": [["09:00", "24:00"]]}
 
 
 NINE_TO_FIVE = {day: [["09:00", "17:00"]] for day in DAYS[:5]}
