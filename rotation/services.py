@@ -93,8 +93,18 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
 @transaction.atomic
 def group_delete(*, group: Group, actor: str) -> None:
     slug = group.slug
+    # Each member's trail ends with leaving the group, as when removed one by one.
+    members = list(Membership.objects.filter(group=group).order_by("position").values_list("rep_id", "position"))
     group.delete()
     audit_record(type=AuditEvent.Type.GROUP_CHANGED, actor=actor, group=slug, explanation={"action": "deleted"})
+    for rep_id, position in members:
+        audit_record(
+            type=AuditEvent.Type.MEMBERSHIP_CHANGED,
+            actor=actor,
+            group=slug,
+            rep_id=rep_id,
+            explanation={"action": "removed", "position": position, "because": "group deleted"},
+        )
 
 
 # --- reps ------------------------------------------------------------------------------------

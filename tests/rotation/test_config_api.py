@@ -158,3 +158,10 @@ def test_rep_emails_are_unique_without_case(api):
     other = api.post("/api/v1/reps/", {"name": "Bo", "email": "bo@sales.example"}, format="json").json()
     r = api.patch(f"/api/v1/reps/{other['id']}/", {"email": "Ada@sales.example"}, format="json")
     assert r.status_code == 400 and "email" in r.json()
+
+
+def test_deleting_a_group_ends_each_members_trail(api, make_group):
+    group, reps = make_group(2, slug="gone")
+    assert api.delete("/api/v1/groups/gone/").status_code == 204
+    removed = AuditEvent.objects.filter(type="membership.changed", group="gone", explanation__action="removed")
+    assert sorted(e.rep_id for e in removed) == sorted(r.pk for r in reps)
