@@ -10,7 +10,13 @@ from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import generics, mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.renderers import JSONRenderer
@@ -51,6 +57,7 @@ def _printable_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and all(0x20 <= ord(ch) < 0x7F for ch in key)
 
 
+@extend_schema_field({"type": "integer", "minimum": 1})
 class IdFilter(django_filters.NumberFilter):
     """A row id: a whole number (a decimal one, `?owner=3.9`, is a 400, never rep 3)."""
 
@@ -136,13 +143,11 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         key = request.headers.get("Idempotency-Key")
         if key is not None and not _printable_key(key):
             raise serializers.ValidationError({"Idempotency-Key": ["Must be 1-255 printable ASCII characters."]})
-        incoming = LeadInSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
-        data = dict(incoming.validated_data)
-        requested: Group | None = data.pop("group", None)
         client = request.auth
         assert isinstance(client, ApiClient)  # HasScope let the request through
         claim = None
+        # The key first: a retry of a lead already taken in is replayed even where the body
+        # would no longer validate (its group deleted since); a refused body frees the key.
         if key is not None:
             try:
                 claimed = services.idempotency_claim(
@@ -160,6 +165,10 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
                 return response
             claim = claimed
         try:
+            incoming = LeadInSerializer(data=request.data)
+            incoming.is_valid(raise_exception=True)
+            data = dict(incoming.validated_data)
+            requested: Group | None = data.pop("group", None)
             result = services.lead_intake(
                 data=data,
                 raw=request.data,

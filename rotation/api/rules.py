@@ -3,6 +3,7 @@ audited services in rotation/services.py."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db.models import QuerySet
@@ -33,13 +34,26 @@ CONDITIONS_SCHEMA = {
 }
 
 
+SLUG = re.compile(r"[-a-zA-Z0-9_]{1,64}")
+
+
 @extend_schema_field(CONDITIONS_SCHEMA)
 class ConditionsField(serializers.JSONField):
     pass
 
 
+class GroupSlugField(serializers.SlugRelatedField):
+    """A group by its slug; text that cannot be a slug (a NUL, which PostgreSQL refuses to
+    compare) names no group, without a query."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str) or not SLUG.fullmatch(data):
+            self.fail("does_not_exist", slug_name=self.slug_field, value=str(data)[:100])
+        return super().to_internal_value(data)
+
+
 class RuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
-    group = serializers.SlugRelatedField(slug_field="slug", queryset=Group.objects.all())
+    group = GroupSlugField(slug_field="slug", queryset=Group.objects.all())
     priority = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
     conditions = ConditionsField()
 

@@ -39,6 +39,7 @@ def _changed(serializer: serializers.BaseSerializer) -> list[str]:
 class GroupViewSet(viewsets.ModelViewSet):
     serializer_class = GroupSerializer
     lookup_field = "slug"
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"  # anything else names no group: a 404 from the URL conf
     required_scope = "manage"
     queryset = Group.objects.order_by("slug")
 

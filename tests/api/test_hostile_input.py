@@ -58,3 +58,22 @@ def test_json_types_follow_the_schema_a_field_is_documented_with():
     assert json_type_error(number, 1.5) is None
     text = serializers.DecimalField(max_digits=5, decimal_places=2, coerce_to_string=True)
     assert json_type_error(text, "1.50") is None and json_type_error(text, Decimal("1.5")) is not None
+
+
+@pytest.mark.parametrize("method", ["get", "patch", "put", "delete"])
+def test_a_group_slug_with_a_nul_names_no_group(api, method):
+    r = getattr(api, method)("/api/v1/groups/a%00b/", {}, format="json")
+    assert r.status_code == 404 and r["Content-Type"] == "application/json"
+
+
+@pytest.mark.parametrize("slug", ["a\x00b", "no such", "x" * 300, 5])
+def test_a_rule_naming_a_group_that_cannot_exist_is_a_400(api, make_group, slug):
+    make_group(1, slug="emea")
+    body = {
+        "name": "n",
+        "priority": 1,
+        "group": slug,
+        "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+    }
+    r = api.post("/api/v1/rules/", body, format="json")
+    assert r.status_code == 400 and "group" in r.json(), r.content

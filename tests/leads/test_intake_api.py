@@ -220,6 +220,32 @@ def test_idempotent_replay_is_byte_for_byte_and_writes_nothing(api, make_group):
     assert "Idempotent-Replayed" not in first
 
 
+def test_a_retry_is_replayed_even_after_its_requested_group_was_deleted(api, make_group):
+    make_group(1, slug="emea", is_default=True)
+    make_group(0, slug="gone")
+    api.post(
+        "/api/v1/rules/",
+        {
+            "name": "All FR",
+            "priority": 1,
+            "group": "emea",
+            "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+        },
+        format="json",
+    )
+    body = lead_body(group="gone", country="FR")  # a rule sends it to emea
+    first = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "retry-1"})
+    assert first.status_code == 201 and first.json()["group"] == "emea"
+    assert api.delete("/api/v1/groups/gone/").status_code == 204
+    again = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "retry-1"})
+    assert again.status_code == 200 and again.content == first.content, again.content
+    # A body refused as it stands now does not use the key up: corrected, it goes through.
+    refused = api.post("/api/v1/leads/", lead_body(group="gone"), format="json", headers={"Idempotency-Key": "k2"})
+    assert refused.status_code == 400
+    fixed = api.post("/api/v1/leads/", lead_body(group="emea"), format="json", headers={"Idempotency-Key": "k2"})
+    assert fixed.status_code == 201
+
+
 def test_same_key_different_body_is_a_422(api, make_group):
     make_group(1, slug="emea")
     api.post("/api/v1/leads/", lead_body(group="emea"), format="json", headers={"Idempotency-Key": "k"})
