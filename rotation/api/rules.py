@@ -78,6 +78,8 @@ class RuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
 class RuleViewSet(viewsets.ModelViewSet):
+    # SPEC's contract updates with PATCH; a PUT would have to resend fields it cannot change.
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     """Routing rules, tried by ascending priority; the first whose conditions all hold wins."""
 
     serializer_class = RuleSerializer

@@ -37,6 +37,8 @@ def _changed(serializer: serializers.BaseSerializer) -> list[str]:
     destroy=extend_schema(responses={204: None, 409: ERROR, **ERRORS}),
 )
 class GroupViewSet(viewsets.ModelViewSet):
+    # SPEC's contract updates with PATCH; a PUT would have to resend fields it cannot change.
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     serializer_class = GroupSerializer
     lookup_field = "slug"
     lookup_value_regex = r"[-a-zA-Z0-9_]+"  # anything else names no group: a 404 from the URL conf
@@ -76,6 +78,8 @@ class RepViewSet(
     mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
+    # SPEC's contract updates with PATCH; a PUT would have to resend fields it cannot change.
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     serializer_class = RepSerializer
     required_scope = "manage"
     queryset = Rep.objects.order_by("id")
@@ -105,6 +109,8 @@ class MembershipViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
+    # SPEC's contract updates with PATCH; a PUT would have to resend fields it cannot change.
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     """A group's members, addressed by rep id."""
 
     serializer_class = MembershipSerializer

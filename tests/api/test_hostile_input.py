@@ -77,3 +77,9 @@ def test_a_rule_naming_a_group_that_cannot_exist_is_a_400(api, make_group, slug)
     }
     r = api.post("/api/v1/rules/", body, format="json")
     assert r.status_code == 400 and "group" in r.json(), r.content
+
+
+@pytest.mark.parametrize("url", ["/api/v1/groups/emea/", "/api/v1/groups/emea/members/{rep}/", "/api/v1/reps/{rep}/"])
+def test_configuration_is_updated_with_patch_put_is_a_405(api, make_group, url):
+    _, (rep,) = make_group(1, slug="emea")
+    assert api.put(url.format(rep=rep.pk), {}, format="json").status_code == 405
