@@ -83,8 +83,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock when the transaction begins, so two routing
     # transactions never interleave: SQLite's stand-in for the rotation row lock.
+    # WAL: readers never wait for the writer, and a commit is an append, not a journal
+    # rewrite, so the write lock is held briefly. SQLite hands that lock to no waiter in
+    # order: the wait is long (under gunicorn's 30 s timeout) so that a burst of intake
+    # waits its turn rather than failing as "busy".
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"transaction_mode": "IMMEDIATE", "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=5.0)}
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=20.0),
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
     )
 elif env.bool("DB_POOL", default=False):
     # psycopg's connection pool, one per process (production turns it on): a request borrows
@@ -120,21 +128,26 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
 
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = env("REDIS_URL", default="")
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://")
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://localhost/")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
-    for _folder in ("out", "processed"):
+    for _folder in ("out", "processed", "control"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),
         "processed_folder": str(_broker_dir / "processed"),
+        "control_folder": str(_broker_dir / "control"),  # else ./control, in the working tree
         "store_processed": False,
     }
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# One message at a time per worker process on Redis (late acks: a killed worker loses none).
+# The embedded broker acknowledges only between its polls of the folder, so one at a time
+# there is one task per poll: a burst of intake queued escalations for a minute. It takes
+# many at a time.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 64 if CELERY_BROKER_URL.startswith("filesystem://") else 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
