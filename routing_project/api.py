@@ -29,8 +29,8 @@ def json_type_error(field: serializers.Field, value: Any) -> str | None:
     left to the field's allow_null)."""
     if value is None:
         return None
-    if isinstance(field, serializers.DecimalField) and field.coerce_to_string and isinstance(value, str):
-        return None  # such a decimal is documented as a string
+    if isinstance(field, serializers.DecimalField) and isinstance(value, str):
+        return None  # a decimal as text ("0.05") is exact: the field parses it (or names the problem)
     for field_class, types, message in _JSON_TYPES:
         if isinstance(field, field_class):
             wrong = isinstance(value, bool) and bool not in types

@@ -165,3 +165,15 @@ def test_deleting_a_group_ends_each_members_trail(api, make_group):
     assert api.delete("/api/v1/groups/gone/").status_code == 204
     removed = AuditEvent.objects.filter(type="membership.changed", group="gone", explanation__action="removed")
     assert sorted(e.rep_id for e in removed) == sorted(r.pk for r in reps)
+
+
+@pytest.mark.parametrize(("given", "stored"), [(0.05, 0.05), ("0.05", 0.05), ("12.5", 12.5), (None, None)])
+def test_sla_minutes_take_a_number_or_a_decimal_as_text(api, given, stored):
+    r = api.post("/api/v1/groups/", {"slug": "s", "name": "S", "sla_minutes": given}, format="json")
+    assert r.status_code == 201 and r.json()["sla_minutes"] == stored, r.content
+
+
+@pytest.mark.parametrize("given", ["soon", "0.001", "1e400", True])
+def test_sla_minutes_that_are_no_decimal_are_a_400(api, given):
+    r = api.post("/api/v1/groups/", {"slug": "s", "name": "S", "sla_minutes": given}, format="json")
+    assert r.status_code == 400 and "sla_minutes" in r.json(), r.content
