@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import parsers, serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.utils import json as drf_json
@@ -29,13 +30,23 @@ def json_type_error(field: serializers.Field, value: Any) -> str | None:
     left to the field's allow_null)."""
     if value is None:
         return None
-    if isinstance(field, serializers.DecimalField) and isinstance(value, str):
-        return None  # a decimal as text ("0.05") is exact: the field parses it (or names the problem)
+    documented_as_text = isinstance(field, DecimalField) or getattr(field, "coerce_to_string", False)
+    if isinstance(field, serializers.DecimalField) and documented_as_text and isinstance(value, str):
+        return None  # a decimal as text ("0.05", exact): the field parses it or names the problem
     for field_class, types, message in _JSON_TYPES:
         if isinstance(field, field_class):
             wrong = isinstance(value, bool) and bool not in types
             return message if wrong or not isinstance(value, types) else None
     return None
+
+
+@extend_schema_field({"oneOf": [{"type": "number"}, {"type": "string", "pattern": r"^\d+(\.\d+)?$", "example": "0.5"}]})
+class DecimalField(serializers.DecimalField):
+    """A decimal given as a JSON number (0.5) or, exactly, as text ("0.5"); answered as a number."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("coerce_to_string", False)
+        super().__init__(**kwargs)
 
 
 class RejectUnknownFieldsMixin:

@@ -7,17 +7,12 @@ from rest_framework import serializers
 
 from rotation.eligibility import validate_working_hours
 from rotation.models import Group, Membership, Rep
-from routing_project.api import RejectUnknownFieldsMixin
+from routing_project.api import DecimalField, RejectUnknownFieldsMixin
 
 
 class GroupSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
-    sla_minutes = serializers.DecimalField(
-        max_digits=8,
-        decimal_places=2,
-        min_value=Decimal("0.01"),
-        required=False,
-        allow_null=True,
-        coerce_to_string=False,
+    sla_minutes = DecimalField(
+        max_digits=8, decimal_places=2, min_value=Decimal("0.01"), required=False, allow_null=True
     )
 
     class Meta:
