@@ -64,3 +64,13 @@ def document_common_errors(result: dict[str, Any], generator: Any, request: Any,
                             "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}
                         }
     return result
+
+
+def forbid_unknown_request_fields(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """Every JSON request body refuses a field it does not name (a 400 naming it, SPEC 6):
+    the request components say so, so that a client generating bodies from the schema never
+    sends one. Request components are split from the responses' (COMPONENT_SPLIT_REQUEST)."""
+    for name, schema in result.get("components", {}).get("schemas", {}).items():
+        if name.endswith("Request") and schema.get("type") == "object" and "properties" in schema:
+            schema.setdefault("additionalProperties", False)
+    return result

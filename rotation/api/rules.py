@@ -74,7 +74,6 @@ class RuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     create=extend_schema(responses={201: RuleSerializer, **ERRORS}),
     retrieve=extend_schema(responses={200: RuleSerializer, **ERRORS}),
     partial_update=extend_schema(responses={200: RuleSerializer, **ERRORS}),
-    update=extend_schema(responses={200: RuleSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
 class RuleViewSet(viewsets.ModelViewSet):

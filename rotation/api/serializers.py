@@ -44,6 +44,14 @@ class GroupSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         return fields
 
 
+class GroupUpdateSerializer(GroupSerializer):
+    """The body of a PATCH, for the schema: the slug stays (GroupSerializer makes it read-only
+    once the group exists)."""
+
+    class Meta(GroupSerializer.Meta):
+        read_only_fields = ["slug"]
+
+
 class RepSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     working_hours = serializers.JSONField(required=False, allow_null=True)
 
@@ -100,3 +108,12 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
             if taken.exists():
                 raise serializers.ValidationError({"position": [f"Position {position} is taken in this group."]})
         return attrs
+
+
+class MembershipUpdateSerializer(MembershipSerializer):
+    """The body of a PATCH, for the schema: the member stays (the URL names it)."""
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        fields["rep"].read_only = True
+        return fields

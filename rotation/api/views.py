@@ -14,7 +14,13 @@ from rotation import services
 from rotation.models import Group, Membership, Rep
 from routing_project.exceptions import Conflict
 
-from .serializers import GroupSerializer, MembershipSerializer, RepSerializer
+from .serializers import (
+    GroupSerializer,
+    GroupUpdateSerializer,
+    MembershipSerializer,
+    MembershipUpdateSerializer,
+    RepSerializer,
+)
 
 ERROR = inline_serializer("RotationError", fields={"detail": serializers.CharField()})
 ERRORS = {400: OpenApiTypes.OBJECT, 401: ERROR, 403: ERROR, 404: ERROR}
@@ -32,8 +38,7 @@ def _changed(serializer: serializers.BaseSerializer) -> list[str]:
     list=extend_schema(responses={200: GroupSerializer(many=True), **ERRORS}),
     create=extend_schema(responses={201: GroupSerializer, **ERRORS}),
     retrieve=extend_schema(responses={200: GroupSerializer, **ERRORS}),
-    partial_update=extend_schema(responses={200: GroupSerializer, **ERRORS}),
-    update=extend_schema(responses={200: GroupSerializer, **ERRORS}),
+    partial_update=extend_schema(request=GroupUpdateSerializer, responses={200: GroupSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, 409: ERROR, **ERRORS}),
 )
 class GroupViewSet(viewsets.ModelViewSet):
@@ -69,7 +74,6 @@ class GroupViewSet(viewsets.ModelViewSet):
     create=extend_schema(responses={201: RepSerializer, **ERRORS}),
     retrieve=extend_schema(responses={200: RepSerializer, **ERRORS}),
     partial_update=extend_schema(responses={200: RepSerializer, **ERRORS}),
-    update=extend_schema(responses={200: RepSerializer, **ERRORS}),
 )
 class RepViewSet(
     mixins.CreateModelMixin,
@@ -98,8 +102,7 @@ class RepViewSet(
 @extend_schema_view(
     list=extend_schema(responses={200: MembershipSerializer(many=True), **ERRORS}),
     create=extend_schema(responses={201: MembershipSerializer, **ERRORS}),
-    partial_update=extend_schema(responses={200: MembershipSerializer, **ERRORS}),
-    update=extend_schema(responses={200: MembershipSerializer, **ERRORS}),
+    partial_update=extend_schema(request=MembershipUpdateSerializer, responses={200: MembershipSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
 class MembershipViewSet(

@@ -283,6 +283,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "security.schema.document_common_errors",
+        "security.schema.forbid_unknown_request_fields",
     ],
 }
 
