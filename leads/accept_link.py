@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 
 from . import actions
 from .models import Lead, LeadStatus
+from .routing import RoutingBusy
 
 _SALT = "leads.accept-link"
 
@@ -50,6 +51,10 @@ def accept_page(request: HttpRequest, token: str) -> HttpResponse:
         except actions.LeadConflict:
             lead.refresh_from_db()
             return _page(request, 409, "This lead is no longer yours: it escalated, was moved or closed.", lead=lead)
+        except RoutingBusy:
+            busy = _page(request, 503, "The lead is being changed right now: try again in a moment.", lead=lead)
+            busy["Retry-After"] = "1"
+            return busy
         return _page(request, 200, "Accepted: the lead is yours, and its SLA clock has stopped.", lead=lead, owner=True)
     if lead.owner_id != rep_id or lead.status not in (LeadStatus.ASSIGNED, LeadStatus.ACCEPTED):
         return _page(request, 409, "This lead is no longer yours: it escalated, was moved or closed.", lead=lead)

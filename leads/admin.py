@@ -1,13 +1,14 @@
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from . import actions
 from .admin_actions import LeadActionsAdminMixin, QueueActionsAdminMixin, admin_actor
 from .admin_clients import ApiClientAdmin  # noqa: F401 - registers the API client admin
 from .models import Assignment, Lead, LeadStatus, QueuedLead
+from .routing import RoutingBusy
 
 
 class AssignmentInline(admin.TabularInline):
@@ -75,7 +76,19 @@ class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
         lock, the email normalised again for dedup, and a lead.changed event naming the fields."""
         changes = {name: form.cleaned_data[name] for name in form.changed_data if name in actions.CONTACT_FIELDS}
         if changes:
-            actions.lead_update(lead_id=obj.pk, changes=changes, actor=admin_actor(request))
+            try:
+                actions.lead_update(lead_id=obj.pk, changes=changes, actor=admin_actor(request))
+            except RoutingBusy:
+                request._lead_busy = True  # type: ignore[attr-defined]  # read by response_change
+
+    def response_change(self, request: HttpRequest, obj: Lead) -> HttpResponse:
+        if getattr(request, "_lead_busy", False):
+            # The lead was locked by a routing change (an escalation, an accept): nothing saved.
+            self.message_user(
+                request, "The lead is being changed right now; nothing was saved. Save again.", messages.ERROR
+            )
+            return HttpResponseRedirect(request.path)
+        return super().response_change(request, obj)
 
 
 @admin.register(QueuedLead)

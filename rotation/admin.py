@@ -21,6 +21,15 @@ def admin_actor(request: HttpRequest) -> str:
 _PLACEHOLDER_POSITIONS = itertools.count(1_000_000_000)
 
 
+class AuditedDeleteMixin:
+    """ "Delete selected" goes through `delete_model` (the services) one object at a time, so
+    a bulk delete leaves the same audit events as deleting each from its page."""
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        for obj in queryset:
+            self.delete_model(request, obj)  # type: ignore[attr-defined]
+
+
 class MembershipForm(forms.ModelForm):
     position = forms.IntegerField(
         required=False, min_value=0, help_text="Leave empty to append at the end of the rotation."
@@ -53,7 +62,7 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Group)
-class GroupAdmin(admin.ModelAdmin):
+class GroupAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     list_display = ("slug", "name", "strategy", "sla_minutes", "max_attempts", "is_default", "active", "member_count")
     list_filter = ("strategy", "active", "is_default")
     search_fields = ("slug", "name")
@@ -118,7 +127,7 @@ class AbsenceInline(admin.TabularInline):
 
 
 @admin.register(Rep)
-class RepAdmin(admin.ModelAdmin):
+class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     list_display = ("name", "email", "timezone", "active", "user")
     list_filter = ("active",)
     search_fields = ("name", "email")
@@ -130,6 +139,9 @@ class RepAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Rep, form: Any, change: bool) -> None:
         services.rep_save(rep=obj, actor=admin_actor(request), changed=form.changed_data)
 
+    def delete_model(self, request: HttpRequest, obj: Rep) -> None:
+        services.rep_delete(rep=obj, actor=admin_actor(request))
+
     def save_formset(self, request: HttpRequest, form: Any, formset: BaseInlineFormSet, change: bool) -> None:
         actor = admin_actor(request)
         instances = formset.save(commit=False)
@@ -140,7 +152,7 @@ class RepAdmin(admin.ModelAdmin):
 
 
 @admin.register(RoutingRule)
-class RoutingRuleAdmin(admin.ModelAdmin):
+class RoutingRuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     list_display = ("priority", "name", "group", "active")
     list_display_links = ("name",)
     list_filter = ("active", "group")
@@ -156,8 +168,19 @@ class RoutingRuleAdmin(admin.ModelAdmin):
         services.rule_delete(rule=obj, actor=admin_actor(request))
 
 
+class AccountForm(forms.ModelForm):
+    class Meta:
+        model = Account
+        fields = ["domain", "name", "owner"]
+
+    def clean_domain(self) -> str:
+        # As the service stores it, before the form's unique check compares it.
+        return (self.cleaned_data.get("domain") or "").strip().lower()
+
+
 @admin.register(Account)
-class AccountAdmin(admin.ModelAdmin):
+class AccountAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+    form = AccountForm
     list_display = ("domain", "name", "owner")
     search_fields = ("domain", "name")
     list_select_related = ("owner",)

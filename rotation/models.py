@@ -3,7 +3,7 @@ from zoneinfo import available_timezones
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
@@ -37,12 +37,17 @@ class Group(models.Model):
         validators=[MinValueValidator(Decimal("0.01"))],
         help_text="An assigned lead must be accepted within this many minutes. Empty: no SLA.",
     )
+    # The same limits as the API's (rotation/api/serializers.py), so the admin keeps to them.
     max_attempts = models.PositiveIntegerField(
-        default=3, help_text="Assignments a lead may have in this group before it goes to the queue."
+        default=3,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="Assignments a lead may have in this group before it goes to the queue.",
     )
     timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
     dedup_days = models.PositiveIntegerField(
-        default=30, help_text="A lead whose email has an open lead within this many days is a duplicate."
+        default=30,
+        validators=[MaxValueValidator(3650)],
+        help_text="A lead whose email has an open lead within this many days is a duplicate.",
     )
     is_default = models.BooleanField(default=False, help_text="Leads that match no rule go here.")
     active = models.BooleanField(default=True)
@@ -113,12 +118,17 @@ class Membership(models.Model):
 
     group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="memberships")
     rep = models.ForeignKey(Rep, on_delete=models.CASCADE, related_name="memberships")
-    position = models.PositiveIntegerField()
-    weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    position = models.PositiveIntegerField(validators=[MaxValueValidator(1_000_000)])
+    weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)])
     active = models.BooleanField(default=True, help_text="Unticked: paused in this group.")
-    max_open = models.PositiveIntegerField(null=True, blank=True, help_text="Cap on open leads. Empty: none.")
+    max_open = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(1_000_000)], help_text="Cap on open leads. Empty: none."
+    )
     max_per_day = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Cap on assignments per day (group's time zone). Empty: none."
+        validators=[MaxValueValidator(1_000_000)],
+        null=True,
+        blank=True,
+        help_text="Cap on assignments per day (group's time zone). Empty: none.",
     )
     consecutive_misses = models.PositiveIntegerField(default=0, editable=False)
     paused_reason = models.CharField(max_length=200, blank=True, default="")

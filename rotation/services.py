@@ -130,6 +130,23 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
     return rep
 
 
+@transaction.atomic
+def rep_delete(*, rep: Rep, actor: str) -> None:
+    """Deletes a rep (its memberships with it), each group's trail ending with the removal."""
+    memberships = list(Membership.objects.filter(rep=rep).select_related("group").order_by("group_id"))
+    rep_id = rep.pk
+    rep.delete()
+    for membership in memberships:
+        audit_record(
+            type=AuditEvent.Type.MEMBERSHIP_CHANGED,
+            actor=actor,
+            group=membership.group.slug,
+            rep_id=rep_id,
+            explanation={"action": "removed", "position": membership.position, "because": "rep deleted"},
+        )
+    audit_record(type=AuditEvent.Type.REP_CHANGED, actor=actor, rep_id=rep_id, explanation={"action": "deleted"})
+
+
 # --- memberships -----------------------------------------------------------------------------
 
 

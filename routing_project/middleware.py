@@ -6,7 +6,8 @@ import uuid
 from collections.abc import Callable
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.db import DataError
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, HttpResponseRedirect, JsonResponse
 from django.urls import is_valid_path
 
 from . import configcache, metrics
@@ -29,6 +30,26 @@ class HeadWithoutBodyMiddleware:
             response["Content-Length"] = str(len(response.content))
             response.content = b""
         return response
+
+
+class AdminListGuardMiddleware:
+    """An admin list page given a filter in its query string that the database refuses (a NUL,
+    a broken regular expression, a range of one value, a number or a date out of range) shows
+    Django's "invalid filter" page (?e=1), as for any other bad filter, not a 500."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        hostile_filter = isinstance(exception, DataError | OverflowError | IndexError | ValueError)
+        on_a_list = request.method in ("GET", "HEAD") and request.path.startswith("/admin/") and request.GET
+        if on_a_list and hostile_filter and "e" not in request.GET:
+            logging.getLogger(__name__).info("admin list filter refused: %s", type(exception).__name__)
+            return HttpResponseRedirect(f"{request.path}?e=1")
+        return None
 
 
 class RequestIdMiddleware:

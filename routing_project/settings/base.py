@@ -46,6 +46,7 @@ MIDDLEWARE = [
     "routing_project.middleware.AccessLogMiddleware",
     "routing_project.middleware.BodySizeLimitMiddleware",
     "routing_project.middleware.ApiTrailingSlashMiddleware",
+    "routing_project.middleware.AdminListGuardMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

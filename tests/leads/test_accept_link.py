@@ -106,3 +106,18 @@ def test_the_links_token_never_reaches_the_logs(routed, caplog):
     from security.redaction import redact
 
     assert token not in redact(f"GET {path} 200") and token not in redact(f"Accept it: https://x.example{path}")
+
+
+def test_a_lead_locked_right_now_is_a_503_to_retry_not_a_500(routed, monkeypatch):
+    from leads.routing import RoutingBusy
+
+    lead, _reps = routed
+    path = accept_path(lead_id=lead.id, rep_id=lead.owner_id)
+
+    def busy(**kwargs):
+        raise RoutingBusy()  # what lead_accept raises when the lead's row stays locked
+
+    monkeypatch.setattr(actions, "lead_accept", busy)
+    r = Client().post(path)
+    assert r.status_code == 503 and r["Retry-After"] == "1" and "try again" in r.content.decode()
+    assert Lead.objects.get(pk=lead.pk).status == "assigned"

@@ -128,3 +128,67 @@ def test_the_lead_page_links_to_its_own_audit_trail(api, make_group):
     assert trail.status_code == 200 and "?e=1" not in trail.get("Location", "")
     rows = trail.context["cl"].result_list
     assert {e.lead_id for e in rows} == {ids[0]} and {e.type for e in rows} == {"lead.received", "lead.assigned"}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/audit/auditevent/?actor=%00",
+        "/admin/leads/lead/?email__regex=(",
+        "/admin/audit/auditevent/?lead_id__range=1",
+        "/admin/audit/auditevent/?at__year=9999&at__month=12",
+        "/admin/rotation/group/?sla_minutes=1e999999",
+    ],
+)
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # the database's refusal ends a test's enclosing transaction
+def test_a_list_filter_the_database_refuses_is_the_invalid_filter_page(admin_client, url):
+    r = admin_client.get(url)
+    assert r.status_code == 302 and r["Location"].endswith("?e=1"), (r.status_code, r.get("Location"))
+    assert admin_client.get(r["Location"]).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("dedup_days", "800000"), ("max_attempts", "2147483647"), ("max_attempts", "0")],
+)
+def test_the_admin_keeps_a_groups_numbers_to_the_apis_limits(make_group, field, value):
+    group, _ = make_group(1, slug="lim")
+    r = post_form(staff(SALES_OPS), f"/admin/rotation/group/{group.pk}/change/", **{field: value})
+    assert r.status_code == 200 and "errornote" in r.content.decode()  # the form, with its error
+    assert getattr(Group.objects.get(pk=group.pk), field) != int(value)
+
+
+def test_bulk_deletes_in_the_admin_are_audited(make_group):
+    group, (rep,) = make_group(1, slug="bulk")
+    rule = RoutingRule.objects.create(
+        name="R", priority=1, group=group, conditions=[{"field": "country", "op": "in", "value": ["FR"]}]
+    )
+    client = staff(SALES_OPS)
+    for model, pk in (("routingrule", rule.pk), ("rep", rep.pk), ("group", group.pk)):
+        r = client.post(
+            f"/admin/rotation/{model}/", {"action": "delete_selected", "_selected_action": [pk], "post": "yes"}
+        )
+        assert r.status_code == 302, (model, r.status_code)
+    actions_by_type = {(e.type, e.explanation.get("action")) for e in AuditEvent.objects.all()}
+    assert {
+        ("rule.changed", "deleted"),
+        ("rep.changed", "deleted"),
+        ("membership.changed", "removed"),
+    } <= actions_by_type
+    assert ("group.changed", "deleted") in actions_by_type
+    assert not Rep.objects.filter(pk=rep.pk).exists()
+
+
+def test_an_account_domain_differing_in_case_is_a_form_error(make_group):
+    from rotation.models import Account
+
+    _, (rep,) = make_group(1)
+    Account.objects.create(domain="acme.example", owner=rep)
+    client = staff(SALES_OPS)
+    page = client.get("/admin/rotation/account/add/")
+    data = form_of(page)
+    data.update({"domain": ["ACME.example"], "name": ["Acme"], "owner": [str(rep.pk)]})
+    r = client.post("/admin/rotation/account/add/", data)
+    assert r.status_code == 200 and "already exists" in r.content.decode()
+    assert Account.objects.count() == 1
