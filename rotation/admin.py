@@ -32,7 +32,10 @@ class AuditedDeleteMixin:
 
 class MembershipForm(forms.ModelForm):
     position = forms.IntegerField(
-        required=False, min_value=0, help_text="Leave empty to append at the end of the rotation."
+        required=False,
+        min_value=0,
+        max_value=1_000_000,  # as the API: far past it, appending would overflow the column
+        help_text="Leave empty to append at the end of the rotation.",
     )
 
     class Meta:

@@ -118,7 +118,7 @@ class Membership(models.Model):
 
     group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="memberships")
     rep = models.ForeignKey(Rep, on_delete=models.CASCADE, related_name="memberships")
-    position = models.PositiveIntegerField(validators=[MaxValueValidator(1_000_000)])
+    position = models.PositiveIntegerField()  # at most 1,000,000 by the API and the admin form
     weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(1000)])
     active = models.BooleanField(default=True, help_text="Unticked: paused in this group.")
     max_open = models.PositiveIntegerField(
