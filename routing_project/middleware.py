@@ -7,7 +7,14 @@ from collections.abc import Callable
 
 from django.conf import settings
 from django.db import DataError
-from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, HttpResponseRedirect, JsonResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponsePermanentRedirect,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.urls import is_valid_path
 
 from . import configcache, metrics
@@ -35,7 +42,8 @@ class HeadWithoutBodyMiddleware:
 class AdminListGuardMiddleware:
     """An admin list page given a filter in its query string that the database refuses (a NUL,
     a broken regular expression, a range of one value, a number or a date out of range) shows
-    Django's "invalid filter" page (?e=1), as for any other bad filter, not a 500."""
+    Django's "invalid filter" page (?e=1), as for any other bad filter, not a 500; an action
+    posted with ids that are not ids is a 400."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -49,6 +57,10 @@ class AdminListGuardMiddleware:
         if on_a_list and hostile_filter and "e" not in request.GET:
             logging.getLogger(__name__).info("admin list filter refused: %s", type(exception).__name__)
             return HttpResponseRedirect(f"{request.path}?e=1")
+        # An action posted with a selection that names no row (the page never sends one).
+        forged_selection = request.method == "POST" and "_selected_action" in request.POST
+        if request.path.startswith("/admin/") and forged_selection and isinstance(exception, ValueError):
+            return HttpResponseBadRequest("The selection names no object: select rows on the list page.")
         return None
 
 

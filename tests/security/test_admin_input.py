@@ -192,3 +192,8 @@ def test_an_account_domain_differing_in_case_is_a_form_error(make_group):
     r = client.post("/admin/rotation/account/add/", data)
     assert r.status_code == 200 and "already exists" in r.content.decode()
     assert Account.objects.count() == 1
+
+
+def test_an_action_posted_with_a_selection_that_is_no_id_is_a_400(admin_client):
+    r = admin_client.post("/admin/leads/queuedlead/", {"action": "assign_to_rep", "_selected_action": ["abc"]})
+    assert r.status_code == 400
