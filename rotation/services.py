@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.db.models import Max, Model
 
 from audit.models import AuditEvent
-from audit.services import audit_record
+from audit.services import Event, audit_record, audit_record_many
 
 from .hooks import capacity_freed
 from .models import Absence, Account, Group, Membership, Rep, RotationState, RoutingRule
@@ -96,15 +96,9 @@ def group_delete(*, group: Group, actor: str) -> None:
     # Each member's trail ends with leaving the group, as when removed one by one.
     members = list(Membership.objects.filter(group=group).order_by("position").values_list("rep_id", "position"))
     group.delete()
-    audit_record(type=AuditEvent.Type.GROUP_CHANGED, actor=actor, group=slug, explanation={"action": "deleted"})
-    for rep_id, position in members:
-        audit_record(
-            type=AuditEvent.Type.MEMBERSHIP_CHANGED,
-            actor=actor,
-            group=slug,
-            rep_id=rep_id,
-            explanation={"action": "removed", "position": position, "because": "group deleted"},
-        )
+    deleted = Event(AuditEvent.Type.GROUP_CHANGED, actor, group=slug, explanation={"action": "deleted"})
+    removed = [(slug, rep_id, position) for rep_id, position in members]
+    audit_record_many(events=[deleted, *_removals(removed, actor=actor, because="group deleted")])
 
 
 # --- reps ------------------------------------------------------------------------------------
@@ -133,18 +127,13 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
 @transaction.atomic
 def rep_delete(*, rep: Rep, actor: str) -> None:
     """Deletes a rep (its memberships with it), each group's trail ending with the removal."""
-    memberships = list(Membership.objects.filter(rep=rep).select_related("group").order_by("group_id"))
     rep_id = rep.pk
+    removed = list(
+        Membership.objects.filter(rep=rep).order_by("group_id").values_list("group__slug", "rep_id", "position")
+    )
     rep.delete()
-    for membership in memberships:
-        audit_record(
-            type=AuditEvent.Type.MEMBERSHIP_CHANGED,
-            actor=actor,
-            group=membership.group.slug,
-            rep_id=rep_id,
-            explanation={"action": "removed", "position": membership.position, "because": "rep deleted"},
-        )
-    audit_record(type=AuditEvent.Type.REP_CHANGED, actor=actor, rep_id=rep_id, explanation={"action": "deleted"})
+    deleted = Event(AuditEvent.Type.REP_CHANGED, actor, rep_id=rep_id, explanation={"action": "deleted"})
+    audit_record_many(events=[*_removals(removed, actor=actor, because="rep deleted"), deleted])
 
 
 # --- memberships -----------------------------------------------------------------------------
@@ -201,15 +190,24 @@ def membership_update(*, membership: Membership, actor: str, changed: Iterable[s
 @transaction.atomic
 def membership_remove(*, membership: Membership, actor: str) -> None:
     """Leaves the rotation without touching the pointer; added again, the rep is a new joiner."""
-    group_slug, rep_id, position = membership.group.slug, membership.rep_id, membership.position
+    removed = (membership.group.slug, membership.rep_id, membership.position)
     membership.delete()
-    audit_record(
-        type=AuditEvent.Type.MEMBERSHIP_CHANGED,
-        actor=actor,
-        group=group_slug,
-        rep_id=rep_id,
-        explanation={"action": "removed", "position": position},
-    )
+    audit_record_many(events=_removals([removed], actor=actor))
+
+
+def _removals(memberships: Iterable[tuple[str, int, int]], *, actor: str, because: str = "") -> list[Event]:
+    """The membership.changed events of members (group slug, rep id, position) leaving."""
+    extra = {"because": because} if because else {}
+    return [
+        Event(
+            AuditEvent.Type.MEMBERSHIP_CHANGED,
+            actor,
+            group=slug,
+            rep_id=rep_id,
+            explanation={"action": "removed", "position": position, **extra},
+        )
+        for slug, rep_id, position in memberships
+    ]
 
 
 # --- absences and rules ----------------------------------------------------------------------
