@@ -8,7 +8,7 @@ from django.forms import BaseInlineFormSet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 
-from routing_project.admin_forms import STRICT_JSON
+from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin
 
 from . import services
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule
@@ -51,7 +51,7 @@ class MembershipForm(forms.ModelForm):
         return cleaned
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(CheckedAutocompleteMixin, admin.TabularInline):
     model = Membership
     form = MembershipForm
     extra = 0
@@ -182,7 +182,7 @@ class AccountForm(forms.ModelForm):
 
 
 @admin.register(Account)
-class AccountAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+class AccountAdmin(CheckedAutocompleteMixin, AuditedDeleteMixin, admin.ModelAdmin):
     form = AccountForm
     list_display = ("domain", "name", "owner")
     search_fields = ("domain", "name")

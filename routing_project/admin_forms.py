@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django import forms
+from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.forms.fields import InvalidJSONInput, JSONString
@@ -43,3 +45,31 @@ class ClientJSONFormField(forms.JSONField):
 
 # For a ModelAdmin: `formfield_overrides = STRICT_JSON`.
 STRICT_JSON: dict[type[models.Field], dict[str, Any]] = {models.JSONField: {"form_class": ClientJSONFormField}}
+
+
+class CheckedAutocompleteSelect(AutocompleteSelect):
+    """Django's autocomplete widget, re-rendering a posted form, looks its value up as the
+    related model's key: a value that is no key ("abc" for an integer id) raised there, a 500
+    in place of the form's own "Select a valid choice" error. Such values are left out."""
+
+    def optgroups(self, name: str, value: Sequence[str], attr: Any = None) -> Any:
+        opts = self.field.remote_field.model._meta
+        target = opts.get_field(getattr(self.field.remote_field, "field_name", None) or opts.pk.name)
+        keys = []
+        for item in value:
+            try:
+                target.get_prep_value(target.to_python(item))
+            except (ValidationError, ValueError, TypeError):
+                continue
+            keys.append(item)
+        return super().optgroups(name, keys, attr)
+
+
+class CheckedAutocompleteMixin:
+    """For a ModelAdmin or inline with `autocomplete_fields`: their widgets are
+    `CheckedAutocompleteSelect`."""
+
+    def formfield_for_foreignkey(self, db_field: Any, request: Any, **kwargs: Any) -> Any:
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):  # type: ignore[attr-defined]
+            kwargs["widget"] = CheckedAutocompleteSelect(db_field, self.admin_site, using=kwargs.get("using"))  # type: ignore[attr-defined]
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]

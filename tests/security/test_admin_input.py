@@ -197,3 +197,29 @@ def test_an_account_domain_differing_in_case_is_a_form_error(make_group):
 def test_an_action_posted_with_a_selection_that_is_no_id_is_a_400(admin_client):
     r = admin_client.post("/admin/leads/queuedlead/", {"action": "assign_to_rep", "_selected_action": ["abc"]})
     assert r.status_code == 400
+
+
+@pytest.mark.parametrize("owner", ["abc", "1.5", "99999999999999999999"])
+def test_an_account_owner_that_is_no_rep_id_is_a_form_error(make_group, owner):
+    from rotation.models import Account
+
+    make_group(1)
+    client = staff(SALES_OPS)
+    data = form_of(client.get("/admin/rotation/account/add/"))
+    data.update({"domain": ["acme.example"], "name": ["Acme"], "owner": [owner]})
+    r = client.post("/admin/rotation/account/add/", data)
+    assert r.status_code == 200 and b"errorlist" in r.content, r.content[:300]
+    assert not Account.objects.exists()
+
+
+def test_a_member_whose_rep_is_no_id_is_a_form_error(make_group):
+    group, (rep,) = make_group(1, slug="emea")
+    client = staff(SALES_OPS)
+    url = f"/admin/rotation/group/{group.pk}/change/"
+    data = form_of(client.get(url))
+    rep_fields = [name for name in data if name.startswith("memberships-") and name.endswith("-rep")]
+    assert rep_fields, sorted(data)
+    data[rep_fields[0]] = ["abc"]
+    r = client.post(url, data)
+    assert r.status_code == 200 and b"errorlist" in r.content, r.content[:300]
+    assert group.memberships.get().rep_id == rep.pk
