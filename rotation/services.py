@@ -8,6 +8,7 @@ position, which must not race with routing reading the member list.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
@@ -21,25 +22,56 @@ from .models import Absence, Account, Group, Membership, Rep, RotationState, Rou
 
 
 def _values(obj: Model, fields: Iterable[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in fields:
-        value = getattr(obj, name, None)
-        if isinstance(value, Model):
-            value = value.pk
-        elif value is not None and not isinstance(value, str | int | float | bool | list | dict):
-            value = str(value)
-        out[name] = value
-    return out
+    return {name: _plain(getattr(obj, name, None)) for name in fields}
 
 
-def _audited(obj: Model, created: bool, changed: Iterable[str] | None) -> list[str]:
-    """The fields an event lists: all of them for a new row or when the caller cannot say
-    (`changed` None), else those the change named (none: no event)."""
-    return _field_names(obj) if created or changed is None else list(changed)
+def _plain(value: Any) -> Any:
+    if isinstance(value, Model):
+        return value.pk
+    if value is not None and not isinstance(value, str | int | float | bool | list | dict):
+        return str(value)
+    return value
 
 
 def _field_names(obj: Model) -> list[str]:
     return [f.attname for f in obj._meta.concrete_fields if f.attname not in ("created_at", "updated_at", "joined_at")]
+
+
+def _attnames(obj: Model, names: Iterable[str]) -> list[str]:
+    """Field names (`group`) as the attributes that hold their stored value (`group_id`)."""
+    by_name = {f.name: f.attname for f in obj._meta.concrete_fields}
+    by_name.update({f.attname: f.attname for f in obj._meta.concrete_fields})
+    return [by_name[n] for n in names if n in by_name and by_name[n] not in ("id", "created_at", "updated_at")]
+
+
+@dataclass
+class _Change:
+    """What an edit really changes, found against the stored row before it is written:
+    the fields whose value differs and their values before (a field sent unchanged is no
+    change, so that an edit that changes nothing writes no event)."""
+
+    created: bool
+    fields: list[str]
+    before: dict[str, Any]
+
+    def explanation(self, obj: Model, **extra: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"action": "created" if self.created else "changed", **extra}
+        out["changes"] = _values(obj, self.fields)
+        if not self.created:
+            out["before"] = self.before
+        return out
+
+
+def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
+    """Call before saving `obj`; `changed`: the fields the caller edited (None: any)."""
+    if obj.pk is None or obj._state.adding:
+        return _Change(True, _field_names(obj), {})
+    names = _attnames(obj, _field_names(obj) if changed is None else changed)
+    stored = type(obj)._base_manager.filter(pk=obj.pk).values(*names).first() if names else None
+    if stored is None:
+        return _Change(False, names, {})
+    fields = [name for name in names if stored[name] != getattr(obj, name, None)]
+    return _Change(False, fields, {name: _plain(stored[name]) for name in fields})
 
 
 # Membership fields whose change can let a member take more leads.
@@ -59,7 +91,7 @@ def serialize_on(name: str) -> None:
 
 @transaction.atomic
 def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None) -> Group:
-    created = group.pk is None
+    change = _change(group, changed)
     if group.is_default:
         # One default group: moving the flag is a change to the old default too. Moves are
         # serialized, so that two at once end with the later one default, never a conflict.
@@ -71,21 +103,17 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
                 type=AuditEvent.Type.GROUP_CHANGED,
                 actor=actor,
                 group=old.slug,
-                explanation={"action": "changed", "changes": {"is_default": False}},
+                explanation={"action": "changed", "changes": {"is_default": False}, "before": {"is_default": True}},
             )
     group.full_clean()
     group.save()
     RotationState.objects.get_or_create(group=group)
-    if group.active and (created or changed is None or "active" in changed):
+    if group.active and (change.created or "active" in change.fields):
         capacity_freed(group_ids=[group.pk])  # a group (re)activated routes its queued leads
-    fields = _audited(group, created, changed)
-    if not fields:
-        return group  # a PATCH that names nothing changes nothing: no event
+    if not change.fields:
+        return group  # an edit that changes nothing: no event
     audit_record(
-        type=AuditEvent.Type.GROUP_CHANGED,
-        actor=actor,
-        group=group.slug,
-        explanation={"action": "created" if created else "changed", "changes": _values(group, fields)},
+        type=AuditEvent.Type.GROUP_CHANGED, actor=actor, group=group.slug, explanation=change.explanation(group)
     )
     return group
 
@@ -95,8 +123,9 @@ def group_delete(*, group: Group, actor: str) -> None:
     slug = group.slug
     # Each member's trail ends with leaving the group, as when removed one by one.
     members = list(Membership.objects.filter(group=group).order_by("position").values_list("rep_id", "position"))
+    before = {"before": _values(group, _field_names(group))}
     group.delete()
-    deleted = Event(AuditEvent.Type.GROUP_CHANGED, actor, group=slug, explanation={"action": "deleted"})
+    deleted = Event(AuditEvent.Type.GROUP_CHANGED, actor, group=slug, explanation={"action": "deleted", **before})
     removed = [(slug, rep_id, position) for rep_id, position in members]
     audit_record_many(events=[deleted, *_removals(removed, actor=actor, because="group deleted")])
 
@@ -106,21 +135,16 @@ def group_delete(*, group: Group, actor: str) -> None:
 
 @transaction.atomic
 def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> Rep:
-    created = rep.pk is None
     rep.full_clean()
+    change = _change(rep, changed)
     rep.save()
-    if rep.active and not created and (changed is None or "active" in changed):
+    if rep.active and not change.created and "active" in change.fields:
         # A rep re-activated takes leads again: drain its groups' queues after commit.
         capacity_freed(group_ids=Membership.objects.filter(rep=rep).values_list("group_id", flat=True))
-    fields = [f for f in _audited(rep, created, changed) if f != "email"]
-    if not fields and not created:
+    if not change.fields:
         return rep
-    audit_record(
-        type=AuditEvent.Type.REP_CHANGED,
-        actor=actor,
-        rep_id=rep.pk,
-        explanation={"action": "created" if created else "changed", "changes": _values(rep, fields)},
-    )
+    # The e-mail too: it is where the rep's leads are announced.
+    audit_record(type=AuditEvent.Type.REP_CHANGED, actor=actor, rep_id=rep.pk, explanation=change.explanation(rep))
     return rep
 
 
@@ -131,8 +155,9 @@ def rep_delete(*, rep: Rep, actor: str) -> None:
     removed = list(
         Membership.objects.filter(rep=rep).order_by("group_id").values_list("group__slug", "rep_id", "position")
     )
+    before = {"before": _values(rep, _field_names(rep))}
     rep.delete()
-    deleted = Event(AuditEvent.Type.REP_CHANGED, actor, rep_id=rep_id, explanation={"action": "deleted"})
+    deleted = Event(AuditEvent.Type.REP_CHANGED, actor, rep_id=rep_id, explanation={"action": "deleted", **before})
     audit_record_many(events=[*_removals(removed, actor=actor, because="rep deleted"), deleted])
 
 
@@ -168,21 +193,21 @@ def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None =
 
 @transaction.atomic
 def membership_update(*, membership: Membership, actor: str, changed: Iterable[str]) -> Membership:
-    changed = [c for c in changed if c not in ("group", "rep", "group_id", "rep_id")]
-    if "active" in changed and membership.active:
+    change = _change(membership, [c for c in changed if c not in ("group", "rep", "group_id", "rep_id")])
+    if "active" in change.fields and membership.active:
         # Un-paused (by hand, or after an auto-pause): the miss count starts again.
         membership.paused_reason, membership.consecutive_misses = "", 0
     membership.save()
-    if membership.active and FREES_CAPACITY.intersection(changed):
+    if membership.active and FREES_CAPACITY.intersection(change.fields):
         capacity_freed(group_ids=[membership.group_id])  # un-paused or a cap raised: drain the queue
-    if not changed:
+    if not change.fields:
         return membership
     audit_record(
         type=AuditEvent.Type.MEMBERSHIP_CHANGED,
         actor=actor,
         group=membership.group.slug,
         rep_id=membership.rep_id,
-        explanation={"action": "changed", "changes": _values(membership, changed)},
+        explanation=change.explanation(membership),
     )
     return membership
 
@@ -242,31 +267,30 @@ def absence_remove(*, absence: Absence, actor: str) -> None:
 
 @transaction.atomic
 def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = None) -> RoutingRule:
-    created = rule.pk is None
     rule.full_clean()
+    change = _change(rule, changed)
     rule.save()
-    fields = _audited(rule, created, changed)
-    if not fields:
+    if not change.fields:
         return rule
-    audit_record(
-        type=AuditEvent.Type.RULE_CHANGED,
-        actor=actor,
-        group=rule.group.slug,
-        explanation={
-            "action": "created" if created else "changed",
-            "rule": rule.name,
-            "changes": _values(rule, fields),
-        },
-    )
+    explanation = change.explanation(rule, rule=rule.name)
+    events = [Event(AuditEvent.Type.RULE_CHANGED, actor, group=rule.group.slug, explanation=explanation)]
+    if "group_id" in change.before:  # moved: the trail of the group it sent leads to says so too
+        old = Group.objects.filter(pk=change.before["group_id"]).values_list("slug", flat=True).first()
+        if old:
+            events.append(Event(AuditEvent.Type.RULE_CHANGED, actor, group=old, explanation=explanation))
+    audit_record_many(events=events)
     return rule
 
 
 @transaction.atomic
 def rule_delete(*, rule: RoutingRule, actor: str) -> None:
-    name, group = rule.name, rule.group.slug
+    name, group, before = rule.name, rule.group.slug, _values(rule, _field_names(rule))
     rule.delete()
     audit_record(
-        type=AuditEvent.Type.RULE_CHANGED, actor=actor, group=group, explanation={"action": "deleted", "rule": name}
+        type=AuditEvent.Type.RULE_CHANGED,
+        actor=actor,
+        group=group,
+        explanation={"action": "deleted", "rule": name, "before": before},
     )
 
 
@@ -275,20 +299,19 @@ def rule_delete(*, rule: RoutingRule, actor: str) -> None:
 
 @transaction.atomic
 def account_save(*, account: Account, actor: str, changed: Iterable[str] | None = None) -> Account:
-    created = account.pk is None
     account.domain = account.domain.strip().lower()
     account.full_clean()
+    change = _change(account, changed)
     account.save()
-    fields = ["domain", "name", "owner_id"] if created else [f for f in (changed or []) if f != "id"]
+    if change.created:
+        change.fields = ["domain", "name", "owner_id"]
+    if not change.fields:
+        return account
     audit_record(
         type=AuditEvent.Type.ACCOUNT_CHANGED,
         actor=actor,
         rep_id=account.owner_id,
-        explanation={
-            "action": "created" if created else "changed",
-            "account": account.domain,
-            "changes": _values(account, ["owner_id" if f == "owner" else f for f in fields]),
-        },
+        explanation=change.explanation(account, account=account.domain),
     )
     return account
 

@@ -220,9 +220,16 @@ def test_changes_that_free_capacity_ask_for_a_drain_after_commit(
 
     group, reps = make_group(2, slug="emea")
     member = Membership.objects.get(group=group, rep=reps[0])
+
+    def edit(**values):
+        for name, value in values.items():
+            setattr(member, name, value)
+        services.membership_update(membership=member, actor="t", changed=list(values))
+
     cases = [
-        (lambda: services.membership_update(membership=member, actor="t", changed=["max_open"]), True),
-        (lambda: services.membership_update(membership=member, actor="t", changed=["position"]), False),
+        (lambda: edit(max_open=5), True),
+        (lambda: edit(max_open=5), False),  # sent again unchanged: nothing freed
+        (lambda: edit(position=7), False),
         (lambda: services.membership_add(group=group, rep=RepFactory(), actor="t"), True),
     ]
     for change, expected in cases:

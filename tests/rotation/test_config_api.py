@@ -124,7 +124,7 @@ def test_rotation_view(api, make_group):
     assert api.get("/api/v1/groups/missing/rotation/").status_code == 404
 
 
-def test_a_patch_naming_nothing_writes_no_event(api, make_group):
+def test_a_patch_that_changes_nothing_writes_no_event(api, make_group):
     group, reps = make_group(1, slug="quiet")
     rule = api.post(
         "/api/v1/rules/",
@@ -136,18 +136,32 @@ def test_a_patch_naming_nothing_writes_no_event(api, make_group):
         },
         format="json",
     ).json()
+    (member,) = api.get("/api/v1/groups/quiet/members/").json()
+    stored = {
+        "/api/v1/groups/quiet/": api.get("/api/v1/groups/quiet/").json(),
+        f"/api/v1/reps/{reps[0].pk}/": api.get(f"/api/v1/reps/{reps[0].pk}/").json(),
+        f"/api/v1/rules/{rule['id']}/": rule,
+        f"/api/v1/groups/quiet/members/{reps[0].pk}/": member,
+    }
+    fields = {
+        "groups": ("name", "strategy", "sla_minutes", "dedup_days"),
+        "reps": ("name", "email", "working_hours", "timezone"),
+        "rules": ("name", "priority", "conditions", "group"),
+        "members": ("weight", "active", "max_open"),
+    }
     before = AuditEvent.objects.count()
-    for path in (
-        "/api/v1/groups/quiet/",
-        f"/api/v1/reps/{reps[0].pk}/",
-        f"/api/v1/rules/{rule['id']}/",
-        f"/api/v1/groups/quiet/members/{reps[0].pk}/",
-    ):
+    for path, current in stored.items():
         assert api.patch(path, {}, format="json").status_code == 200, path
+        # Sending back what is stored changes nothing either.
+        kind = "members" if "/members/" in path else path.split("/")[3]
+        same = {k: current[k] for k in fields[kind]}
+        assert len(same) >= 2 and api.patch(path, same, format="json").status_code == 200, (path, same)
     assert AuditEvent.objects.count() == before
-    api.patch("/api/v1/groups/quiet/", {"name": "Quiet"}, format="json")
+    old_name = group.name
+    api.patch("/api/v1/groups/quiet/", {"name": "Quieter", "strategy": group.strategy}, format="json")
     event = AuditEvent.objects.filter(type="group.changed").latest("id")
-    assert event.explanation["changes"] == {"name": "Quiet"}
+    assert event.explanation["changes"] == {"name": "Quieter"}
+    assert event.explanation["before"] == {"name": old_name}
 
 
 def test_rep_emails_are_unique_without_case(api):
@@ -177,3 +191,33 @@ def test_sla_minutes_take_a_number_or_a_decimal_as_text(api, given, stored):
 def test_sla_minutes_that_are_no_decimal_are_a_400(api, given):
     r = api.post("/api/v1/groups/", {"slug": "s", "name": "S", "sla_minutes": given}, format="json")
     assert r.status_code == 400 and "sla_minutes" in r.json(), r.content
+
+
+def test_config_events_say_what_a_value_was_before_and_a_moved_rule_shows_in_both_groups(api, make_group):
+    make_group(1, slug="emea")
+    _, (rep,) = make_group(1, slug="apac")
+    rule = api.post(
+        "/api/v1/rules/",
+        {
+            "name": "FR",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "equals", "value": "FR"}],
+            "group": "emea",
+        },
+        format="json",
+    ).json()
+    old_email = rep.email
+    assert api.patch(f"/api/v1/reps/{rep.pk}/", {"email": "new@sales.example"}, format="json").status_code == 200
+    event = AuditEvent.objects.filter(type="rep.changed", rep_id=rep.pk).latest("id")
+    assert event.explanation["changes"] == {"email": "new@sales.example"}
+    assert event.explanation["before"] == {"email": old_email}
+
+    assert api.patch(f"/api/v1/rules/{rule['id']}/", {"group": "apac"}, format="json").status_code == 200
+    moved = AuditEvent.objects.filter(type="rule.changed").order_by("-id")[:2]
+    assert {e.group for e in moved} == {"emea", "apac"}
+    assert all(e.explanation["before"]["group_id"] != e.explanation["changes"]["group_id"] for e in moved)
+
+    assert api.delete(f"/api/v1/rules/{rule['id']}/").status_code == 204
+    deleted = AuditEvent.objects.filter(type="rule.changed").latest("id")
+    assert deleted.explanation["action"] == "deleted"
+    assert deleted.explanation["before"]["conditions"] == rule["conditions"]

@@ -234,8 +234,14 @@ def test_rule_crud_is_audited(api, make_group):
     assert api.get(f"/api/v1/rules/{rule['id']}/").json()["group"] == "other"
     assert api.delete(f"/api/v1/rules/{rule['id']}/").status_code == 204
     assert api.get(f"/api/v1/rules/{rule['id']}/").status_code == 404
-    actions = [e.explanation["action"] for e in AuditEvent.objects.filter(type="rule.changed").order_by("id")]
-    assert actions == ["created", "changed", "deleted"]
+    events = AuditEvent.objects.filter(type="rule.changed").order_by("id")
+    # The move shows in the trail of the group the rule left and of the one it joined.
+    assert [(e.explanation["action"], e.group) for e in events] == [
+        ("created", "emea"),
+        ("changed", "other"),
+        ("changed", "emea"),
+        ("deleted", "other"),
+    ]
 
 
 @pytest.mark.django_db
