@@ -134,7 +134,13 @@ def lead_facts(lead: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _norm(value: Any) -> Any:
-    return value.casefold() if isinstance(value, str) else value
+    """For equals and (not_)in: text without case; a boolean never equal to a number (Python's
+    True == 1 would make `seats equals 1` match `"seats": true`)."""
+    if isinstance(value, str):
+        return value.casefold()
+    if isinstance(value, bool):
+        return (bool, value)
+    return value
 
 
 def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:

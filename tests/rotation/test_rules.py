@@ -141,6 +141,25 @@ def test_numbers_past_a_floats_range_compare_and_never_raise(op, want, have, hol
     assert condition_holds(cleaned, {"attributes.seats": have}) is holds
 
 
+@pytest.mark.parametrize(
+    ("op", "want", "have", "holds"),
+    [
+        ("equals", 1, True, False),
+        ("equals", 0, False, False),
+        ("equals", True, 1, False),
+        ("equals", True, True, True),
+        ("equals", 1, 1.0, True),
+        ("in", [0, 2], False, False),
+        ("in", [True], True, True),
+        ("not_in", [1], True, True),
+        ("not_in", [False], False, False),
+    ],
+)
+def test_a_boolean_is_not_the_number_one_or_zero(op, want, have, holds):
+    (cleaned,) = validate_conditions([{"field": "attributes.seats", "op": op, "value": want}])
+    assert condition_holds(cleaned, {"attributes.seats": have}) is holds
+
+
 def test_first_match_by_priority_and_tried_list():
     rules = [
         RuleSpec(3, "emea", 30, [{"field": "country", "op": "in", "value": ["FR"]}], "emea"),
