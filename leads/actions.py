@@ -28,7 +28,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import Event, audit_record_many
 from rotation.eligibility import MemberFacts, eligibility
-from rotation.models import Group, Membership, Rep, RotationState
+from rotation.models import Absence, Group, Membership, Rep, RotationState
 from routing_project import metrics
 
 from . import notify, ownership, routing, scheduling
@@ -206,7 +206,10 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     missed_rep = assignment.rep_id
     events: list[Event] = []
     paused = _count_miss(group, missed_rep, lead.id, actor, events)
-    attempts = Assignment.objects.filter(lead=lead, group=group).count()
+    # An attempt is a rep given the lead in this group, by the rotation or by hand; the
+    # misses are those that ran out their SLA.
+    in_group = list(Assignment.objects.filter(lead=lead, group=group).values_list("end_reason", flat=True))
+    attempts, misses = len(in_group), in_group.count("sla_missed")
     had = set(Assignment.objects.filter(lead=lead).values_list("rep_id", flat=True))
     explanation: dict[str, Any] = {
         "group": group.slug,
@@ -216,6 +219,7 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
         "missed_due_at": _iso(assignment.due_at),
         "late_by_s": round((now - assignment.due_at).total_seconds(), 3),
         "attempts_in_group": attempts,
+        "sla_misses_in_group": misses,
         "max_attempts": group.max_attempts,
         "excluded": sorted(had),
         "trigger": "sweep" if actor == "system:sweep" else "timer",
@@ -227,7 +231,9 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     if not group.active:
         _queue(lead, f"SLA missed and group '{group.slug}' is inactive")
     elif attempts >= group.max_attempts:
-        _queue(lead, f"SLA missed {attempts} times; max_attempts ({group.max_attempts}) reached in '{group.slug}'")
+        missed = "SLA missed once" if misses == 1 else f"SLA missed {misses} times"
+        had_it = f"{attempts} reps had the lead there" if attempts > 1 else "1 rep had the lead there"
+        _queue(lead, f"{missed}; max_attempts ({group.max_attempts}) reached in '{group.slug}' ({had_it})")
     else:
         facts = routing.member_facts(group, now)
         decision = routing.decide(
@@ -406,6 +412,23 @@ def lead_accept(*, lead_id: int, rep_id: int, actor: str) -> Lead:
     return _in_transaction(body)
 
 
+def _rep_facts(rep: Rep, now: datetime) -> MemberFacts:
+    """A rep's own availability (absence covering now, working hours) outside any group."""
+    away = Absence.objects.filter(rep=rep, starts_at__lte=now, ends_at__gt=now).order_by("-ends_at").first()
+    return MemberFacts(
+        rep_id=rep.pk,
+        rep_name=rep.name,
+        rep_email=rep.email,
+        position=0,
+        weight=1,
+        rep_active=rep.active,
+        member_active=True,
+        rep_timezone=rep.timezone,
+        working_hours=rep.working_hours,
+        absences=((away.starts_at, away.ends_at),) if away else (),
+    )
+
+
 def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str) -> Lead:
     """A manager gives the lead to a rep by hand. The pointer does not move; the assignment
     counts toward the rep's daily count; a cap may be exceeded, and the audit says so."""
@@ -426,7 +449,8 @@ def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str) -> Lead
         facts = _facts_of(routing.member_facts(group, now, with_counts=True), rep_id) if group else None
         caps: dict[str, Any] = {}
         over_cap = False
-        eligible, why = (True, "") if facts is None else eligibility(facts, now)
+        # Not a member of the group: still away or off hours as a rep (no caps to read).
+        eligible, why = eligibility(facts if facts is not None else _rep_facts(rep, now), now)
         if facts is not None:
             caps = {
                 "open": facts.open,

@@ -272,7 +272,10 @@ def decide(
         pointer_before=pointer,
         pointer_after=picked.pointer,
         weights_before=dict(current_weights) if strategy == "weighted" else {},
-        weights_after=picked.current_weights if strategy == "weighted" else {},
+        # With nobody chosen the rotation does not move (advance_apply writes nothing).
+        weights_after=(picked.current_weights if picked.rep_id is not None else dict(current_weights))
+        if strategy == "weighted"
+        else {},
         candidates=described,
     )
 

@@ -1,6 +1,9 @@
 """The lead actions over the API (SPEC 6): accept, reassign, reroute, close, PATCH."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from leads.models import Assignment, Lead
@@ -281,3 +284,45 @@ def test_reroute_gives_the_lead_to_its_account_owner(api, make_group):
     assert body["owner"]["id"] == reps[2].id
     assert Assignment.objects.get(lead_id=lead["id"], ended_at__isnull=True).reason == "owner_match"
     assert pointer(group) == 1  # an owner match does not move the rotation
+
+
+def test_reassign_to_an_outsider_who_is_away_says_so(api, make_group):
+    from rotation.models import Absence
+
+    make_group(1, slug="emea")
+    outsider = RepFactory()
+    now = timezone.now()
+    Absence.objects.create(rep=outsider, starts_at=now - timedelta(hours=1), ends_at=now + timedelta(days=1))
+    lead = post(api, group="emea")
+    r = api.post(f"/api/v1/leads/{lead['id']}/reassign/", {"rep": outsider.id, "reason": "x"}, format="json")
+    assert r.status_code == 200
+    explanation = events(lead["id"], "lead.reassigned")[0].explanation
+    assert explanation["member_of_group"] is False and explanation["eligible_now"] is False
+    assert "out of office" in explanation["not_eligible_because"]
+
+
+def test_escalation_past_max_attempts_counts_a_move_by_hand_and_says_how_many_missed(api, make_group):
+    from leads import actions
+
+    group, reps = make_group(3, slug="emea", sla_minutes="30", max_attempts=2)
+    lead = post(api, group="emea")
+    api.post(f"/api/v1/leads/{lead['id']}/reassign/", {"rep": reps[1].id, "reason": "x"}, format="json")
+    current = Assignment.objects.get(lead_id=lead["id"], ended_at__isnull=True)
+    Assignment.objects.filter(pk=current.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    assert actions.lead_escalate(assignment_id=current.pk).outcome == "queued"
+    stored = Lead.objects.get(pk=lead["id"])
+    assert stored.queue_reason.startswith("SLA missed once; max_attempts (2) reached in 'emea'"), stored.queue_reason
+    assert "2 reps had the lead there" in stored.queue_reason
+    escalated = events(lead["id"], "lead.escalated")[0].explanation
+    assert escalated["attempts_in_group"] == 2 and escalated["sla_misses_in_group"] == 1
+
+
+def test_a_lead_queued_in_a_weighted_group_leaves_the_weights_as_they_were(api, make_group):
+    group, reps = make_group(2, slug="emea", strategy="weighted")
+    post(api, group="emea")
+    Membership.objects.filter(group=group).update(active=False)
+    lead = post(api, group="emea")
+    assert lead["status"] == "queued"
+    queued = events(lead["id"], "lead.queued")[0].explanation
+    assert queued["current_weights_after"] == queued["current_weights_before"]
+    assert RotationState.objects.get(group=group).current_weights == queued["current_weights_before"]

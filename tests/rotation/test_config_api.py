@@ -221,3 +221,14 @@ def test_config_events_say_what_a_value_was_before_and_a_moved_rule_shows_in_bot
     deleted = AuditEvent.objects.filter(type="rule.changed").latest("id")
     assert deleted.explanation["action"] == "deleted"
     assert deleted.explanation["before"]["conditions"] == rule["conditions"]
+
+
+def test_patching_an_active_member_active_again_keeps_its_sla_miss_streak(api, make_group):
+    group, (rep,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(consecutive_misses=2)
+    r = api.patch(f"/api/v1/groups/emea/members/{rep.pk}/", {"active": True, "max_open": 5}, format="json")
+    assert r.status_code == 200
+    member = Membership.objects.get(group=group)
+    assert member.consecutive_misses == 2 and member.max_open == 5
+    event = AuditEvent.objects.filter(type="membership.changed").latest("id")
+    assert event.explanation["changes"] == {"max_open": 5} and event.explanation["before"] == {"max_open": None}
