@@ -58,9 +58,14 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
     State, keyed by rep id, relative to the clock: `n >= 0` ticks until the member's next
     turn; `-(n + 1)` while it is not eligible (the mark is how it is known to return). A
     member away earns nothing: its lead over the clock decays to zero, and it returns no
-    sooner than half a stride away (a joiner starts there too; several entering at once
-    are spread over the stride), so there is no catch-up burst; and it returns after the
-    last turn taken, so the sequence stays periodic.
+    sooner than that (and after the last turn taken, so the sequence stays periodic).
+
+    Members of one weight keep their distance for ever (same stride), so where a member
+    enters (joins, or comes back) matters: it takes the middle of the widest gap between
+    the turns of the members of its weight already in rotation (no sooner than its own turn
+    was due), not a fixed offset that could put two weight-1 reps back to back for good. A
+    change of weights re-places everyone so, in the order they were due. With none of its
+    weight in rotation (a fresh group), members entering together are spread over the stride.
     """
     scale = 2 * math.lcm(*(c.weight for c in candidates)) if candidates else 2
     old_scale = int(current.get(SCALE_KEY) or scale)
@@ -83,16 +88,39 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
         if old_scale != scale:  # the weights changed: same virtual time, new unit
             value = -(-value * scale // old_scale)
         ticks[key] = value
-    # Members entering (joining, or back) start no sooner than their share of a stride; several
-    # of one weight entering together are spread over the stride rather than bunched.
-    by_weight: dict[int, list[Candidate]] = {}
-    for c in sorted(entering, key=lambda c: (c.position, c.rep_id)):
-        by_weight.setdefault(c.weight, []).append(c)
-    for weight, group in by_weight.items():
+    ordered = sorted(candidates, key=lambda c: (c.position, c.rep_id))
+    if old_scale != scale:
+        # New weights: everyone eligible is placed again, in the order they were due.
+        entering = sorted(
+            (c for c in ordered if c.eligible), key=lambda c: (ticks[str(c.rep_id)], c.position, c.rep_id)
+        )
+    else:
+        entering = [c for c in ordered if c in entering]
+    entering_keys = {str(c.rep_id) for c in entering}
+    placed: dict[int, list[int]] = {}  # weight: the turns of its members in rotation
+    for c in ordered:
+        if c.eligible and str(c.rep_id) not in entering_keys:
+            placed.setdefault(c.weight, []).append(ticks[str(c.rep_id)])
+    fresh: dict[int, list[Candidate]] = {}
+    for c in entering:
+        key, stride = str(c.rep_id), scale // c.weight
+        if c.weight not in placed:
+            if old_scale == scale:
+                fresh.setdefault(c.weight, []).append(c)
+            else:  # the first of its weight keeps its turn; the others are placed around it
+                ticks[key] = min(ticks[key], stride)
+                placed[c.weight] = [ticks[key]]
+            continue
+        earliest = 1 if old_scale != scale else max(ticks[key], 1)
+        ticks[key] = _widest_gap(placed[c.weight], earliest, stride)
+        placed[c.weight].append(ticks[key])
+    # None of their weight in rotation: those entering together are spread over the stride.
+    for weight, group in fresh.items():
         stride = scale // weight
         for j, c in enumerate(group):
-            ticks[str(c.rep_id)] = max(ticks[str(c.rep_id)], stride * (2 * j + 1) // (2 * len(group)), 1)
-    eligible = [c for c in sorted(candidates, key=lambda c: (c.position, c.rep_id)) if c.eligible]
+            key = str(c.rep_id)
+            ticks[key] = max(ticks[key], stride * (2 * j + 1) // (2 * len(group)), 1)
+    eligible = [c for c in ordered if c.eligible]
     chosen = min(eligible, key=lambda c: ticks[str(c.rep_id)]) if eligible else None
     step = 0
     if chosen is not None:
@@ -106,6 +134,21 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
     if chosen is None:
         return Pick(None, pointer, state)
     return Pick(chosen.rep_id, chosen.position + 1, state)
+
+
+def _widest_gap(turns: Sequence[int], earliest: int, stride: int) -> int:
+    """The tick in [earliest, stride] farthest (on the stride's circle) from every one of
+    `turns`: the middle of the widest gap between them, or as near it as `earliest` allows."""
+    points = sorted(t % stride for t in turns)
+    options = {min(max(earliest, 1), stride), stride}
+    for a, b in zip(points, points[1:] + [points[0] + stride], strict=True):
+        middle = ((a + b) // 2) % stride or stride
+        options.add(min(max(middle, earliest, 1), stride))
+
+    def distance(tick: int) -> int:
+        return min(min((tick - p) % stride, (p - tick) % stride) for p in points)
+
+    return max(sorted(options), key=distance)
 
 
 def least_loaded(candidates: Sequence[Candidate], pointer: int) -> Pick:

@@ -291,3 +291,45 @@ def test_round_robin_invariants(initial, ops):
 def test_pick_keeps_only_members_weights():
     p = pick("round_robin", [Candidate(1, 0)], 0, {"1": 3, "9": 4})
     assert p.current_weights == {"1": 3}
+
+
+def burstiness(weights: list[int], picks: list[int | None]) -> float:
+    """The most any member's count in a window of up to sum(weights) turns strays from its share."""
+    total, worst = sum(weights), 0.0
+    for start in range(len(picks)):
+        for m in range(1, min(total, len(picks) - start) + 1):
+            counts = Counter(picks[start : start + m])
+            worst = max(worst, *(abs(counts[i] - m * w / total) for i, w in enumerate(weights)))
+    return worst
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from([[4, 1, 1], [5, 1, 1], [2, 1, 1], [3, 1, 1], [2, 1, 1, 1], [4, 2, 1, 1], [2, 2, 1, 1]]),
+    st.integers(0, 8),
+    st.integers(1, 10),
+    st.data(),
+)
+def test_weighted_a_member_back_from_a_pause_is_as_interleaved_as_a_fresh_group(weights, before, away, data):
+    """Members of one weight keep their distance for ever: one coming back must not land next
+    to another of its weight (4:1:1 turning into AABC AAAA BC for good)."""
+    everyone, total = frozenset(range(len(weights))), sum(weights)
+    who = data.draw(st.integers(0, len(weights) - 1))
+    fresh = burstiness(weights, run_weighted(weights, [everyone] * (4 * total))[total:])
+    picks = run_weighted(weights, [everyone] * before + [everyone - {who}] * away + [everyone] * (5 * total))
+    assert burstiness(weights, picks[-3 * total :]) <= fresh + 1e-9, picks
+
+
+def test_weighted_new_weights_are_as_interleaved_as_a_fresh_group():
+    cands = [Candidate(i, i, 1, True) for i in range(3)]
+    p = weighted(cands, 0, {})
+    state, pointer = p.current_weights, p.pointer
+    weights = [3, 1, 1]
+    cands = [Candidate(i, i, w, True) for i, w in enumerate(weights)]
+    picks = []
+    for _ in range(5 * sum(weights)):
+        p = weighted(cands, pointer, state)
+        state, pointer = p.current_weights, p.pointer
+        picks.append(p.rep_id)
+    fresh = burstiness(weights, run_weighted(weights, [frozenset(range(3))] * (4 * sum(weights)))[sum(weights) :])
+    assert burstiness(weights, picks[-3 * sum(weights) :]) <= fresh + 1e-9, picks
