@@ -49,6 +49,19 @@ def test_raw_sql_update_and_delete_are_rejected_by_postgresql(event):
     assert AuditEvent.objects.get(pk=event.pk).explanation == {"k": "v"}
 
 
+@pytest.mark.postgres
+def test_truncate_is_rejected_by_postgresql(event):
+    # The suite's own connections may TRUNCATE (Django's flush between tests); a connection
+    # without that setting, as the application's, may not.
+    def truncate():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL leadrouter.allow_audit_truncate = off")
+            cursor.execute("TRUNCATE audit_auditevent CASCADE")
+
+    assert "TRUNCATE rejected" in rejected(truncate)
+    assert AuditEvent.objects.filter(pk=event.pk).exists()
+
+
 def test_inserting_still_works(event):
     audit_record(type="rule.changed", actor="test")
     assert AuditEvent.objects.count() == 2
