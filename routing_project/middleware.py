@@ -116,7 +116,8 @@ class ApiTrailingSlashMiddleware:
     (a 500 for a POST with DEBUG on), which clients follow with a GET: a lead posted to
     /api/v1/leads would get the list of leads and never be taken in. An API request without
     the slash gets a 308 to the path with it instead, which clients follow with the same
-    method and body, and a JSON body naming the path."""
+    method and body, and a JSON body naming the path. An API path no route matches is a JSON
+    404 with DEBUG on too (Django's debug page is HTML)."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -133,7 +134,16 @@ class ApiTrailingSlashMiddleware:
                     content=json.dumps({"detail": detail}),
                     content_type="application/json",
                 )
-        return self.get_response(request)
+        response = self.get_response(request)
+        if (
+            response.status_code == 404
+            and path.startswith("/api/")
+            and not response.get("Content-Type", "").startswith("application/json")
+        ):
+            # A path no route matches: with DEBUG on, Django answers it with its HTML page
+            # (handler404 only serves DEBUG off); an API answers JSON either way.
+            return JsonResponse({"detail": "Not found."}, status=404)
+        return response
 
 
 access_logger = logging.getLogger("routing_project.access")

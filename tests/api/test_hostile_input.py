@@ -22,6 +22,15 @@ def test_unmatched_api_urls_are_json_404s_and_the_rest_html(api, client):
     assert "text/html" in client.get("/nowhere/")["Content-Type"]
 
 
+def test_unmatched_api_urls_are_json_404s_with_debug_on_too(api, client, settings):
+    settings.DEBUG = True  # as `make run` serves: Django's own 404 page is HTML there
+    for url in ("/api/v1/leads/abc/", "/api/v1/groups/%C2%84/", "/api/v2/nothing/"):
+        r = api.get(url)
+        assert r.status_code == 404 and r["Content-Type"] == "application/json", url
+        assert r.json() == {"detail": "Not found."}
+    assert api.post("/api/v1/leads", {}, format="json").status_code == 308  # the slash redirect stays
+
+
 def test_created_after_takes_any_offset_and_refuses_out_of_range(api):
     Lead.objects.create(email="a@b.example", email_normalized="a@b.example", status="queued", created_at=timezone.now())
     r = api.get("/api/v1/leads/", {"created_after": "2000-01-01T00:00:00-21:45"})
