@@ -3,10 +3,11 @@
 import codecs
 import json
 import re
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import parsers, serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.utils import json as drf_json
@@ -40,13 +41,47 @@ def json_type_error(field: serializers.Field, value: Any) -> str | None:
     return None
 
 
-@extend_schema_field({"oneOf": [{"type": "number"}, {"type": "string", "pattern": r"^\d+(\.\d+)?$", "example": "0.5"}]})
+def ascii_email(value: str) -> str:
+    """An address as stored and answered: trimmed, its domain in ASCII (IDNA: `bücher.example`
+    is `xn--bcher-kva.example`), so that every answer holding it is the schema's `email`."""
+    value = value.strip()
+    local, at, domain = value.rpartition("@")
+    if not at or domain.isascii():
+        return value
+    try:
+        return f"{local}@{domain.encode('idna').decode('ascii')}"
+    except UnicodeError:
+        raise serializers.ValidationError("Enter a valid email address.") from None
+
+
 class DecimalField(serializers.DecimalField):
-    """A decimal given as a JSON number (0.5) or, exactly, as text ("0.5"); answered as a number."""
+    """A decimal given as a JSON number (0.5) or, exactly, as text ("0.5"); answered as a number.
+    Its schema states its limits (DecimalFieldSchema)."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("coerce_to_string", False)
         super().__init__(**kwargs)
+
+
+class DecimalFieldSchema(OpenApiSerializerFieldExtension):
+    """`DecimalField` in the schema: a number, or text of at most its digits and places, within
+    its minimum and maximum, so that a request the schema allows is one the field takes."""
+
+    target_class = DecimalField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        field = self.target
+        places, digits = field.decimal_places, field.max_digits
+        number: dict[str, Any] = {"type": "number"}
+        if field.min_value is not None:
+            number["minimum"] = float(field.min_value)
+        if digits is not None and places is not None:
+            number["maximum"] = float(Decimal(10) ** (digits - places) - Decimal(10) ** -places)
+        whole = f"{{1,{digits - places}}}" if digits is not None and places is not None else "+"
+        fraction = rf"(\.\d{{1,{places}}})?" if places else ""
+        text = {"type": "string", "pattern": rf"^\d{whole}{fraction}$", "example": "0.5"}
+        limits = f"at most {places} decimal places" if places is not None else "a decimal"
+        return {"oneOf": [number, text], "description": f"A number or its text, {limits}."}
 
 
 class RejectUnknownFieldsMixin:

@@ -26,6 +26,7 @@ _BODY = {
     "400": "Validation error naming every bad field.",
     "413": "Request body over 64 KiB.",
     "415": "Unsupported content type: send JSON.",
+    "411": "A chunked request body: send it with a Content-Length.",
 }
 
 
@@ -73,4 +74,8 @@ def forbid_unknown_request_fields(result: dict[str, Any], generator: Any, reques
     for name, schema in result.get("components", {}).get("schemas", {}).items():
         if name.endswith("Request") and schema.get("type") == "object" and "properties" in schema:
             schema.setdefault("additionalProperties", False)
+    # A lead's PATCH names at least one contact field (an empty one is a 400).
+    lead_patch = result.get("components", {}).get("schemas", {}).get("PatchedLeadPatchRequest")
+    if lead_patch is not None:
+        lead_patch["minProperties"] = 1
     return result

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from leads.models import Lead
 from rotation.models import Rep
+from routing_project.api import ascii_email
 
 from .serializers import LeadInSerializer, LeadSerializer, StrictSerializer
 
@@ -70,5 +71,5 @@ class LeadPatchSerializer(StrictSerializer):
             if isinstance(value, str) and "\x00" in value:
                 raise serializers.ValidationError({name: ["NUL characters are not allowed."]})
         if "email" in attrs:
-            attrs["email"] = attrs["email"].strip()
+            attrs["email"] = ascii_email(attrs["email"])
         return attrs

@@ -12,7 +12,7 @@ from leads.models import Lead
 from leads.services import group_by_slug
 from rotation.models import Group
 from rotation.rules import COUNTRY_CODES, MAX_ATTRIBUTE_KEY
-from routing_project.api import RejectUnknownFieldsMixin
+from routing_project.api import RejectUnknownFieldsMixin, ascii_email
 
 MAX_ATTRIBUTES = 50
 MAX_ATTRIBUTE_VALUE = 1000
@@ -85,7 +85,7 @@ class LeadInSerializer(StrictSerializer):
 
     def validate_email(self, value: str) -> str:
         ProhibitNullCharactersValidator()(value)
-        return value.strip()
+        return ascii_email(value)
 
     def validate_country(self, value: str) -> str:
         code = value.strip().upper()

@@ -43,7 +43,7 @@ VALIDATION_ERROR = OpenApiResponse(
 )
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
-    str,
+    {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
     OpenApiParameter.HEADER,
     required=False,
     description="1-255 printable characters; a retry with the same key and body replays the first response.",

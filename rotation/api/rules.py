@@ -22,6 +22,7 @@ from .views import ERRORS, actor_of
 
 CONDITIONS_SCHEMA = {
     "type": "array",
+    "minItems": 1,
     "items": {
         "type": "object",
         "properties": {

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from rotation.eligibility import validate_working_hours
 from rotation.models import Group, Membership, Rep
-from routing_project.api import DecimalField, RejectUnknownFieldsMixin
+from routing_project.api import DecimalField, RejectUnknownFieldsMixin, ascii_email
 
 
 class GroupSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
@@ -58,6 +58,9 @@ class RepSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     class Meta:
         model = Rep
         fields = ["id", "name", "email", "timezone", "active", "working_hours"]
+
+    def validate_email(self, value: str) -> str:
+        return ascii_email(value)
 
     def validate_working_hours(self, value: Any) -> Any:
         try:

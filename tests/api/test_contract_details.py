@@ -58,3 +58,29 @@ def test_a_patch_naming_a_field_it_cannot_change_says_read_only_not_unknown(api,
         "score": ["This field is read-only."],
         "colour": ["Unknown field."],
     }
+
+
+def test_an_email_with_a_non_ascii_domain_is_stored_and_answered_in_ascii(api, make_group):
+    make_group(1, slug="emea")
+    lead = api.post("/api/v1/leads/", lead_body(email=" Jane@Bücher.example ", group="emea"), format="json").json()
+    assert lead["email"] == "Jane@xn--bcher-kva.example"  # the schema's `email` format is ASCII
+    again = api.post("/api/v1/leads/", lead_body(email="jane@bücher.example", group="emea"), format="json")
+    assert again.status_code == 200 and again.json()["duplicate_of"] == lead["id"]
+    rep = api.post("/api/v1/reps/", {"name": "R", "email": "rep@bücher.example"}, format="json").json()
+    assert rep["email"] == "rep@xn--bcher-kva.example"
+    bad = api.post("/api/v1/leads/", lead_body(email="jane@" + "ü" * 70 + ".example"), format="json")
+    assert bad.status_code == 400 and "email" in bad.json()
+
+
+def test_the_schema_states_the_limits_the_server_enforces():
+    schema = Client().get("/api/schema/?format=json").json()
+    components = schema["components"]["schemas"]
+    sla = components["GroupRequest"]["properties"]["sla_minutes"]["oneOf"]
+    assert sla[0] == {"type": "number", "minimum": 0.01, "maximum": 999999.99}
+    assert sla[1]["pattern"] == r"^\d{1,6}(\.\d{1,2})?$"
+    assert components["RuleRequest"]["properties"]["conditions"]["minItems"] == 1
+    assert components["PatchedLeadPatchRequest"]["minProperties"] == 1
+    intake = schema["paths"]["/api/v1/leads/"]["post"]
+    (key,) = [p for p in intake["parameters"] if p["name"] == "Idempotency-Key"]
+    assert key["schema"]["maxLength"] == 255 and key["schema"]["minLength"] == 1
+    assert "411" in intake["responses"]  # a chunked body (routing_project/middleware.py)
