@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -361,7 +361,33 @@ def escalation_arm(*, now: datetime | None = None) -> int:
         if not scheduling.publish(
             scheduling.ESCALATE_TASK, args=[assignment_id], eta=due_at, expires=due_at + timedelta(hours=1)
         ):
-            break  # the broker is down: the sweep escalates these on time anyway
+            return published  # the broker is down: the sweep escalates these on time anyway
+        published += 1
+    return published + _drains_arm(low=max(low, now), high=high)
+
+
+def _drains_arm(*, low: datetime, high: datetime) -> int:
+    """An absence that runs out is announced by no write, yet frees its rep: the drain of each
+    of the rep's groups is published for the moment it ends (in the same window as the
+    timers), so the queue's leads get the rep before a lead that arrives later (the queue
+    sweep is only the safety net)."""
+    still_away = Absence.objects.filter(  # another absence covers the end: not back yet
+        rep_id=OuterRef("rep_id"), starts_at__lte=OuterRef("ends_at"), ends_at__gt=OuterRef("ends_at")
+    )
+    ending = (
+        Absence.objects.filter(ends_at__gt=low, ends_at__lte=high)
+        .exclude(Exists(still_away))
+        .values_list("rep_id", "ends_at")
+    )
+    drains: dict[int, datetime] = {}
+    for rep_id, ends_at in ending:
+        for group_id in Membership.objects.filter(rep_id=rep_id).values_list("group_id", flat=True):
+            drains[group_id] = max(drains.get(group_id, ends_at), ends_at)
+    published = 0
+    for group_id, ends_at in sorted(drains.items()):
+        at = ends_at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
+        if not scheduling.publish(scheduling.DRAIN_TASK, args=[group_id], eta=at, expires=at + timedelta(hours=1)):
+            break
         published += 1
     return published
 

@@ -185,6 +185,9 @@ ESCALATION_SWEEP_BATCH = env.int("ESCALATION_SWEEP_BATCH", default=500)
 # Queues drain after commit of the change that freed capacity; this sweep is the backstop
 # (an absence that simply ends is announced by no write).
 QUEUE_DRAIN_SWEEP_EVERY_S = env.float("QUEUE_DRAIN_SWEEP_EVERY_S", default=30.0)
+# An absence's end publishes its groups' drains (with the timers, by escalation-arm) this long
+# after it, so that the rep is back when the drain reads eligibility.
+ABSENCE_END_DRAIN_DELAY_S = env.float("ABSENCE_END_DRAIN_DELAY_S", default=0.5)
 QUEUE_DRAIN_BATCH = env.int("QUEUE_DRAIN_BATCH", default=500)
 # After a failed publish (broker down), requests skip publishing for this long: an outage
 # costs intake nothing, and the sweep escalates on time from the database.

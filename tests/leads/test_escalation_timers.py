@@ -47,3 +47,23 @@ def test_a_timer_beyond_the_horizon_is_not_published_at_commit(empty_broker):
     assert scheduling.timer_publish(assignment_id=1, due_at=now + timedelta(minutes=30)) is False
     assert scheduling.timer_publish(assignment_id=1, due_at=now + timedelta(seconds=30)) is True
     assert queued_messages() == 1
+
+
+def test_arm_publishes_a_drain_for_when_an_absence_runs_out(api, make_group, empty_broker, monkeypatch):
+    from rotation.models import Absence
+
+    group, (away, back_later) = make_group(2, slug="emea")
+    _other, (other_rep,) = make_group(1, slug="apac")
+    now = timezone.now()
+    ends = now + timedelta(seconds=100)
+    Absence.objects.create(rep=away, starts_at=now - timedelta(hours=1), ends_at=ends)
+    # Ends in the window, but another absence goes on past it: not back, no drain.
+    Absence.objects.create(rep=back_later, starts_at=now - timedelta(hours=1), ends_at=ends)
+    Absence.objects.create(rep=back_later, starts_at=ends - timedelta(minutes=1), ends_at=ends + timedelta(days=1))
+    Absence.objects.create(rep=other_rep, starts_at=now, ends_at=now + timedelta(hours=3))  # beyond the horizon
+    sent = []
+    monkeypatch.setattr(scheduling, "publish", lambda name, **options: sent.append((name, options)) or True)
+    assert actions.escalation_arm(now=now) == 1
+    ((name, options),) = sent
+    assert name == scheduling.DRAIN_TASK and options["args"] == [group.id]
+    assert options["eta"] == ends + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
