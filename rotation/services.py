@@ -1,8 +1,9 @@
 """Configuration writes (groups, reps, memberships, absences, rules), each audited.
 
 The admin and the API both come through here, so a change made in either place leaves the
-same trace. Only `membership_add` takes the rotation lock: it allocates the new member's
-position, which must not race with routing reading the member list.
+same trace. Only `membership_add` and `membership_remove` take the rotation lock: the one
+allocates the new member's position, which must not race with routing reading the member
+list; the other drops the member's place on the weighted clock (never the pointer).
 """
 
 from __future__ import annotations
@@ -214,8 +215,14 @@ def membership_update(*, membership: Membership, actor: str, changed: Iterable[s
 
 @transaction.atomic
 def membership_remove(*, membership: Membership, actor: str) -> None:
-    """Leaves the rotation without touching the pointer; added again, the rep is a new joiner."""
+    """Leaves the rotation without touching the pointer; added again, the rep is a new joiner.
+    Its own place on the weighted clock goes with it (under the rotation lock): routing drops
+    it at the next lead anyway, but a rep added back before that would have found it."""
     removed = (membership.group.slug, membership.rep_id, membership.position)
+    state = RotationState.objects.select_for_update(no_key=True).filter(group_id=membership.group_id).first()
+    if state is not None and str(membership.rep_id) in (state.current_weights or {}):
+        state.current_weights = {k: v for k, v in state.current_weights.items() if k != str(membership.rep_id)}
+        state.save(update_fields=["current_weights", "updated_at"])
     membership.delete()
     audit_record_many(events=_removals([removed], actor=actor))
 

@@ -232,3 +232,17 @@ def test_patching_an_active_member_active_again_keeps_its_sla_miss_streak(api, m
     assert member.consecutive_misses == 2 and member.max_open == 5
     event = AuditEvent.objects.filter(type="membership.changed").latest("id")
     assert event.explanation["changes"] == {"max_open": 5} and event.explanation["before"] == {"max_open": None}
+
+
+def test_a_weighted_member_removed_and_added_back_before_the_next_lead_is_a_new_joiner(api, make_group):
+    group, reps = make_group(3, slug="emea", strategy="weighted")
+    for rep, weight in zip(reps, (2, 1, 1), strict=True):
+        Membership.objects.filter(group=group, rep=rep).update(weight=weight)
+    api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    b = reps[1]
+    assert str(b.pk) in RotationState.objects.get(group=group).current_weights
+    assert api.delete(f"/api/v1/groups/emea/members/{b.pk}/").status_code == 204
+    assert api.post("/api/v1/groups/emea/members/", {"rep": b.pk}, format="json").status_code == 201
+    (member,) = [m for m in api.get("/api/v1/groups/emea/rotation/").json()["members"] if m["rep"]["id"] == b.pk]
+    assert member["current_weight"] is None  # as a rep that never was a member
+    assert RotationState.objects.get(group=group).pointer > 0  # the pointer is untouched
