@@ -206,7 +206,7 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     missed_rep = assignment.rep_id
     events: list[Event] = []
     paused = _count_miss(group, missed_rep, lead.id, actor, events)
-    # An attempt is a rep given the lead in this group, by the rotation or by hand; the
+    # An attempt is an assignment of the lead in this group, by the rotation or by hand; the
     # misses are those that ran out their SLA.
     in_group = list(Assignment.objects.filter(lead=lead, group=group).values_list("end_reason", flat=True))
     attempts, misses = len(in_group), in_group.count("sla_missed")
@@ -232,8 +232,8 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
         _queue(lead, f"SLA missed and group '{group.slug}' is inactive")
     elif attempts >= group.max_attempts:
         missed = "SLA missed once" if misses == 1 else f"SLA missed {misses} times"
-        had_it = f"{attempts} reps had the lead there" if attempts > 1 else "1 rep had the lead there"
-        _queue(lead, f"{missed}; max_attempts ({group.max_attempts}) reached in '{group.slug}' ({had_it})")
+        given = f"{attempts} assignments there" if attempts > 1 else "1 assignment there"
+        _queue(lead, f"{missed}; max_attempts ({group.max_attempts}) reached in '{group.slug}' ({given})")
     else:
         facts = routing.member_facts(group, now)
         decision = routing.decide(
@@ -379,12 +379,12 @@ def _drains_arm(*, low: datetime, high: datetime) -> int:
         .exclude(Exists(still_away))
         .values_list("rep_id", "ends_at")
     )
-    drains: dict[int, datetime] = {}
+    drains: set[tuple[int, datetime]] = set()  # each end of each group: two reps back apart, two drains
     for rep_id, ends_at in ending:
         for group_id in Membership.objects.filter(rep_id=rep_id).values_list("group_id", flat=True):
-            drains[group_id] = max(drains.get(group_id, ends_at), ends_at)
+            drains.add((group_id, ends_at))
     published = 0
-    for group_id, ends_at in sorted(drains.items()):
+    for group_id, ends_at in sorted(drains):
         at = ends_at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
         if not scheduling.publish(scheduling.DRAIN_TASK, args=[group_id], eta=at, expires=at + timedelta(hours=1)):
             break

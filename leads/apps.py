@@ -6,9 +6,11 @@ class LeadsConfig(AppConfig):
     verbose_name = "Leads"
 
     def ready(self) -> None:
-        from rotation.hooks import on_capacity_freed
+        from rotation.hooks import on_capacity_freed, on_capacity_frees_at
 
-        from .scheduling import drain_publish
+        from .scheduling import drain_publish, drain_publish_at
 
-        # Configuration changes that free capacity (rotation/services.py) drain the queue.
+        # Configuration changes that free capacity (rotation/services.py) drain the queue,
+        # now or when an absence ends.
         on_capacity_freed(drain_publish)
+        on_capacity_frees_at(drain_publish_at)

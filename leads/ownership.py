@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from rotation.domains import domain_unicode
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Account, Group, RotationState
 from routing_project import configcache
@@ -35,7 +36,8 @@ class OwnerHint:
 
 
 def email_domain(email: str) -> str:
-    return email.rsplit("@", 1)[-1].strip().lower() if "@" in email else ""
+    """The domain an account is looked up by (`domain_unicode`: accounts are kept so)."""
+    return domain_unicode(email.rsplit("@", 1)[-1]) if "@" in email else ""
 
 
 def account_owner_lookup(*, email: str) -> OwnerHint | None:

@@ -91,3 +91,14 @@ def drain_schedule_on_commit(*, group_ids: Iterable[int | None]) -> None:
 def drain_publish(group_ids: list[int]) -> None:
     for group_id in group_ids:
         publish(DRAIN_TASK, args=[group_id])
+
+
+def drain_publish_at(group_ids: list[int], at: datetime) -> None:
+    """Drains these groups when an absence ends at `at` (ABSENCE_END_DRAIN_DELAY_S after), if
+    that is within the timer horizon; `escalation_arm` publishes later ones when they come
+    within it."""
+    eta = at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
+    if eta <= timezone.now() or not within_horizon(eta):
+        return
+    for group_id in group_ids:
+        publish(DRAIN_TASK, args=[group_id], eta=eta, expires=eta + timedelta(hours=1))

@@ -11,6 +11,7 @@ from django.template.loader import render_to_string
 from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin
 
 from . import services
+from .domains import domain_unicode
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule
 
 
@@ -178,7 +179,7 @@ class AccountForm(forms.ModelForm):
 
     def clean_domain(self) -> str:
         # As the service stores it, before the form's unique check compares it.
-        return (self.cleaned_data.get("domain") or "").strip().lower()
+        return domain_unicode(self.cleaned_data.get("domain") or "")
 
 
 @admin.register(Account)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from datetime import datetime
 
 from django.db import transaction
 
@@ -18,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 CapacityCallback = Callable[[list[int]], None]
 _callbacks: list[CapacityCallback] = []
+LaterCallback = Callable[[list[int], datetime], None]
+_later: list[LaterCallback] = []
 
 
 def on_capacity_freed(callback: CapacityCallback) -> None:
@@ -38,5 +41,28 @@ def capacity_freed(*, group_ids: Iterable[int]) -> None:
                 callback(ids)
             except Exception:  # a side effect must never break the change that triggered it
                 logger.exception("capacity_freed callback %s failed", getattr(callback, "__name__", callback))
+
+    transaction.on_commit(run)
+
+
+def on_capacity_frees_at(callback: LaterCallback) -> None:
+    """Registers `callback(group_ids, at)`; registering the same callback twice is a no-op."""
+    if callback not in _later:
+        _later.append(callback)
+
+
+def capacity_frees_at(*, group_ids: Iterable[int], at: datetime) -> None:
+    """Capacity that time alone will free (an absence ending at `at`): the registered
+    callbacks run after the current transaction commits, with `at`."""
+    ids = sorted({int(g) for g in group_ids if g is not None})
+    if not ids:
+        return
+
+    def run() -> None:
+        for callback in list(_later):
+            try:
+                callback(ids, at)
+            except Exception:  # a side effect must never break the change that triggered it
+                logger.exception("capacity_frees_at callback %s failed", getattr(callback, "__name__", callback))
 
     transaction.on_commit(run)

@@ -8,6 +8,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
 
+from .domains import domain_unicode
+
 
 def validate_timezone(value: str) -> None:
     if value not in _TIMEZONES:
@@ -233,7 +235,7 @@ class Account(models.Model):
         return self.domain
 
     def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        self.domain = self.domain.strip().lower()
+        self.domain = domain_unicode(self.domain)
         super().save(*args, **kwargs)
 
 

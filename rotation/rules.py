@@ -12,6 +12,8 @@ from typing import Any
 
 import pycountry
 
+from .domains import domain_unicode
+
 LEAD_FIELDS = ("country", "region", "source", "product", "score", "company_size", "email_domain")
 NUMERIC_FIELDS = frozenset({"score", "company_size"})
 OPERATORS = ("equals", "in", "not_in", "contains", "gte", "lte", "exists")
@@ -127,7 +129,7 @@ def lead_facts(lead: Mapping[str, Any]) -> dict[str, Any]:
     """The routing fields of a lead (validated payload) as a flat mapping."""
     email = str(lead.get("email") or "")
     facts = {f: lead.get(f) for f in LEAD_FIELDS if f != "email_domain"}
-    facts["email_domain"] = email.rsplit("@", 1)[-1].lower() if "@" in email else None
+    facts["email_domain"] = domain_unicode(email.rsplit("@", 1)[-1]) if "@" in email else None
     for key, value in (lead.get("attributes") or {}).items():
         facts[f"attributes.{key}"] = value
     return facts
@@ -146,6 +148,9 @@ def _norm(value: Any) -> Any:
 def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
     field, op = cond["field"], cond["op"]
     want: Any = cond.get("value")
+    if field == "email_domain":  # compared as `lead_facts` gives it, whichever spelling the rule has
+        want = [domain_unicode(v) if isinstance(v, str) else v for v in want] if isinstance(want, list) else want
+        want = domain_unicode(want) if isinstance(want, str) else want
     have: Any
     have = facts.get(field)
     present = have is not None and have != ""

@@ -18,7 +18,8 @@ from django.db.models import Max, Model
 from audit.models import AuditEvent
 from audit.services import Event, audit_record, audit_record_many
 
-from .hooks import capacity_freed
+from .domains import domain_unicode
+from .hooks import capacity_freed, capacity_frees_at
 from .models import Absence, Account, Group, Membership, Rep, RotationState, RoutingRule
 
 
@@ -249,6 +250,11 @@ def _removals(memberships: Iterable[tuple[str, int, int]], *, actor: str, becaus
 def absence_add(*, absence: Absence, actor: str) -> Absence:
     absence.full_clean()
     absence.save()
+    # Back when it ends: the rep's groups' queues are drained then (leads/scheduling.py).
+    capacity_frees_at(
+        group_ids=Membership.objects.filter(rep_id=absence.rep_id).values_list("group_id", flat=True),
+        at=absence.ends_at,
+    )
     audit_record(
         type=AuditEvent.Type.ABSENCE_CHANGED,
         actor=actor,
@@ -306,7 +312,7 @@ def rule_delete(*, rule: RoutingRule, actor: str) -> None:
 
 @transaction.atomic
 def account_save(*, account: Account, actor: str, changed: Iterable[str] | None = None) -> Account:
-    account.domain = account.domain.strip().lower()
+    account.domain = domain_unicode(account.domain)
     account.full_clean()
     change = _change(account, changed)
     account.save()

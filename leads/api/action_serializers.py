@@ -71,5 +71,8 @@ class LeadPatchSerializer(StrictSerializer):
             if isinstance(value, str) and "\x00" in value:
                 raise serializers.ValidationError({name: ["NUL characters are not allowed."]})
         if "email" in attrs:
-            attrs["email"] = ascii_email(attrs["email"])
+            try:
+                attrs["email"] = ascii_email(attrs["email"])
+            except serializers.ValidationError as exc:
+                raise serializers.ValidationError({"email": exc.detail}) from None
         return attrs

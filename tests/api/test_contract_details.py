@@ -84,3 +84,10 @@ def test_the_schema_states_the_limits_the_server_enforces():
     (key,) = [p for p in intake["parameters"] if p["name"] == "Idempotency-Key"]
     assert key["schema"]["maxLength"] == 255 and key["schema"]["minLength"] == 1
     assert "411" in intake["responses"]  # a chunked body (routing_project/middleware.py)
+
+
+def test_a_lead_patch_with_an_email_that_cannot_be_ascii_names_the_field(api, make_group):
+    make_group(1, slug="emea")
+    lead = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    r = api.patch(f"/api/v1/leads/{lead['id']}/", {"email": "a@" + "ü" * 60 + ".example"}, format="json")
+    assert r.status_code == 400 and list(r.json()) == ["email"], r.json()

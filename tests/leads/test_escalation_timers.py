@@ -67,3 +67,28 @@ def test_arm_publishes_a_drain_for_when_an_absence_runs_out(api, make_group, emp
     ((name, options),) = sent
     assert name == scheduling.DRAIN_TASK and options["args"] == [group.id]
     assert options["eta"] == ends + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
+
+
+def test_an_absence_ending_within_the_horizon_publishes_its_drains_at_once(
+    make_group, monkeypatch, django_capture_on_commit_callbacks
+):
+    from rotation import services
+    from rotation.models import Absence
+
+    group, (rep,) = make_group(1, slug="emea")
+    other, _ = make_group(1, slug="apac")
+    services.membership_add(group=other, rep=rep, actor="t")
+    sent = []
+    monkeypatch.setattr(scheduling, "publish", lambda name, **options: sent.append((name, options)) or True)
+    now = timezone.now()
+    soon = Absence(rep=rep, starts_at=now - timedelta(hours=1), ends_at=now + timedelta(seconds=20))
+    with django_capture_on_commit_callbacks(execute=True):
+        services.absence_add(absence=soon, actor="t")
+    drains = sorted((options["args"][0], options["eta"]) for name, options in sent if name == scheduling.DRAIN_TASK)
+    eta = soon.ends_at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
+    assert drains == sorted([(group.id, eta), (other.id, eta)])
+    sent.clear()
+    later = Absence(rep=rep, starts_at=now, ends_at=now + timedelta(days=1))  # armed later by escalation-arm
+    with django_capture_on_commit_callbacks(execute=True):
+        services.absence_add(absence=later, actor="t")
+    assert [name for name, _ in sent if name == scheduling.DRAIN_TASK] == []

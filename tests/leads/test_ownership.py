@@ -115,3 +115,26 @@ def test_accounts_edited_in_the_admin_are_audited(client, django_user_model, mak
     events = list(AuditEvent.objects.filter(type="account.changed").order_by("id"))
     assert [e.explanation["action"] for e in events] == ["created", "changed", "deleted"]
     assert events[1].explanation["changes"] == {"owner_id": b.id} and events[1].actor == "admin:ops"
+
+
+@pytest.mark.parametrize("typed", ["Müller.example", "xn--mller-kva.example"])
+def test_an_account_with_a_non_ascii_domain_owns_its_leads_in_either_spelling(api, make_group, typed):
+    _group, (a, b) = make_group(2, slug="pool")
+    account = Account.objects.create(domain=typed, owner=b)
+    assert account.domain == "müller.example"
+    for email in ("kunde@müller.example", "kunde2@xn--mller-kva.example"):
+        lead = post(api, email)
+        assert lead["owner"]["id"] == b.id and lead["email"].endswith("@xn--mller-kva.example"), lead
+        assert Assignment.objects.get(lead_id=lead["id"]).reason == "owner_match"
+
+
+@pytest.mark.parametrize("value", ["bücher.example", "xn--bcher-kva.example", ["BÜCHER.example"]])
+def test_a_rule_on_a_non_ascii_email_domain_matches_either_spelling(api, make_group, value):
+    make_group(1, slug="pool")
+    make_group(1, slug="books")
+    op = "in" if isinstance(value, list) else "equals"
+    rule = {"name": "books", "priority": 1, "group": "books"}
+    rule["conditions"] = [{"field": "email_domain", "op": op, "value": value}]
+    assert api.post("/api/v1/rules/", rule, format="json").status_code == 201
+    assert post(api, "jane@bücher.example")["group"] == "books"
+    assert post(api, "john@xn--bcher-kva.example")["group"] == "books"

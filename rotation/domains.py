@@ -1,0 +1,14 @@
+"""Email domains as accounts and rules compare them."""
+
+
+def domain_unicode(domain: str) -> str:
+    """A domain as rules and accounts compare it: lower case, its IDNA labels (`xn--…`) read
+    back to Unicode, so `bücher.example` and `xn--bcher-kva.example` are one domain (lead
+    addresses are stored in ASCII: `ascii_email`)."""
+    domain = domain.strip().lower()
+    if "xn--" not in domain:
+        return domain
+    try:
+        return domain.encode("ascii").decode("idna")
+    except UnicodeError:
+        return domain
