@@ -42,6 +42,7 @@ def round_robin(candidates: Sequence[Candidate], pointer: int) -> Pick:
 
 
 SCALE_KEY = "_scale"
+WEIGHT_KEY = "w:"  # "w:<rep id>": the weight the member's turns were laid out for
 
 
 def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str, int]) -> Pick:
@@ -64,55 +65,73 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
     enters (joins, or comes back) matters: it takes the middle of the widest gap between
     the turns of the members of its weight already in rotation (no sooner than its own turn
     was due), not a fixed offset that could put two weight-1 reps back to back for good. A
-    change of weights re-places everyone so, in the order they were due. With none of its
+    change of weights (any member's, as the state records them) re-places everyone so, in the
+    order they were due. With none of its
     weight in rotation (a fresh group), members entering together are spread over the stride.
     """
     scale = 2 * math.lcm(*(c.weight for c in candidates)) if candidates else 2
     old_scale = int(current.get(SCALE_KEY) or scale)
     ticks: dict[str, int] = {}
     away: set[str] = set()
-    entering: list[Candidate] = []
+    entering: set[str] = set()  # eligible and joining, or back
+    reweighed = old_scale != scale
     for c in candidates:
         key = str(c.rep_id)
         if not c.eligible:
             away.add(key)
+        if current.get(WEIGHT_KEY + key, c.weight) != c.weight:
+            reweighed = True
         if key not in current:
             ticks[key] = 0
-            entering.append(c)
+            if c.eligible:
+                entering.add(key)
             continue
         value = int(current[key])
         if value < 0:
             value = -value - 1
             if c.eligible:
-                entering.append(c)
+                entering.add(key)
         if old_scale != scale:  # the weights changed: same virtual time, new unit
             value = -(-value * scale // old_scale)
         ticks[key] = value
     ordered = sorted(candidates, key=lambda c: (c.position, c.rep_id))
-    if old_scale != scale:
-        # New weights: everyone eligible is placed again, in the order they were due.
-        entering = sorted(
-            (c for c in ordered if c.eligible), key=lambda c: (ticks[str(c.rep_id)], c.position, c.rep_id)
-        )
-    else:
-        entering = [c for c in ordered if c in entering]
-    entering_keys = {str(c.rep_id) for c in entering}
+    # Members placed now take their first turn before the next turn of everyone else comes
+    # round again (a tick under `due + stride`, where the next lead is `due` away): then the
+    # first sum(weights) turns give each member exactly its weight.
+    due = min(
+        (ticks[str(c.rep_id)] for c in ordered if c.eligible and str(c.rep_id) not in entering and not reweighed),
+        default=None,
+    )
+
+    def place(turns: list[int], earliest: int, stride: int) -> int:
+        latest = stride if due is None else max(min(stride, due + stride - 1), 1)
+        return _widest_gap(turns, min(earliest, latest), latest, stride)
+
     placed: dict[int, list[int]] = {}  # weight: the turns of its members in rotation
-    for c in ordered:
-        if c.eligible and str(c.rep_id) not in entering_keys:
-            placed.setdefault(c.weight, []).append(ticks[str(c.rep_id)])
-    fresh: dict[int, list[Candidate]] = {}
-    for c in entering:
-        key, stride = str(c.rep_id), scale // c.weight
-        if c.weight not in placed:
-            if old_scale == scale:
-                fresh.setdefault(c.weight, []).append(c)
-            else:  # the first of its weight keeps its turn; the others are placed around it
+    if reweighed:
+        # New weights: the members in rotation are placed again, in the order they were due;
+        # the first of each weight keeps its turn (within its new stride).
+        staying = [c for c in ordered if c.eligible and str(c.rep_id) not in entering]
+        for c in sorted(staying, key=lambda c: (ticks[str(c.rep_id)], c.position, c.rep_id)):
+            key, stride = str(c.rep_id), scale // c.weight
+            if c.weight in placed:
+                ticks[key] = place(placed[c.weight], 1, stride)
+            else:
                 ticks[key] = min(ticks[key], stride)
-                placed[c.weight] = [ticks[key]]
+            placed.setdefault(c.weight, []).append(ticks[key])
+    else:
+        for c in ordered:
+            if c.eligible and str(c.rep_id) not in entering:
+                placed.setdefault(c.weight, []).append(ticks[str(c.rep_id)])
+    fresh: dict[int, list[Candidate]] = {}
+    for c in ordered:
+        key = str(c.rep_id)
+        if key not in entering:
             continue
-        earliest = 1 if old_scale != scale else max(ticks[key], 1)
-        ticks[key] = _widest_gap(placed[c.weight], earliest, stride)
+        if c.weight not in placed:
+            fresh.setdefault(c.weight, []).append(c)
+            continue
+        ticks[key] = place(placed[c.weight], max(ticks[key], 1), scale // c.weight)
         placed[c.weight].append(ticks[key])
     # None of their weight in rotation: those entering together are spread over the stride.
     for weight, group in fresh.items():
@@ -120,6 +139,8 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
         for j, c in enumerate(group):
             key = str(c.rep_id)
             ticks[key] = max(ticks[key], stride * (2 * j + 1) // (2 * len(group)), 1)
+            if due is not None:
+                ticks[key] = min(ticks[key], max(due + stride - 1, 1))
     eligible = [c for c in ordered if c.eligible]
     chosen = min(eligible, key=lambda c: ticks[str(c.rep_id)]) if eligible else None
     step = 0
@@ -131,19 +152,21 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
         value = max(value - step, 0)
         state[key] = -value - 1 if key in away else value
     state[SCALE_KEY] = scale
+    state.update({WEIGHT_KEY + str(c.rep_id): c.weight for c in candidates})
     if chosen is None:
         return Pick(None, pointer, state)
     return Pick(chosen.rep_id, chosen.position + 1, state)
 
 
-def _widest_gap(turns: Sequence[int], earliest: int, stride: int) -> int:
-    """The tick in [earliest, stride] farthest (on the stride's circle) from every one of
-    `turns`: the middle of the widest gap between them, or as near it as `earliest` allows."""
+def _widest_gap(turns: Sequence[int], earliest: int, latest: int, stride: int) -> int:
+    """The tick in [earliest, latest] farthest (on the stride's circle) from every one of
+    `turns`: the middle of the widest gap between them, or as near it as the bounds allow."""
     points = sorted(t % stride for t in turns)
-    options = {min(max(earliest, 1), stride), stride}
+    low, high = max(earliest, 1), max(latest, 1)
+    options = {min(low, high), high}
     for a, b in zip(points, points[1:] + [points[0] + stride], strict=True):
         middle = ((a + b) // 2) % stride or stride
-        options.add(min(max(middle, earliest, 1), stride))
+        options.add(min(max(middle, low), high))
 
     def distance(tick: int) -> int:
         return min(min((tick - p) % stride, (p - tick) % stride) for p in points)

@@ -333,3 +333,24 @@ def test_weighted_new_weights_are_as_interleaved_as_a_fresh_group():
         picks.append(p.rep_id)
     fresh = burstiness(weights, run_weighted(weights, [frozenset(range(3))] * (4 * sum(weights)))[sum(weights) :])
     assert burstiness(weights, picks[-3 * sum(weights) :]) <= fresh + 1e-9, picks
+
+
+def test_weighted_a_weight_change_that_keeps_the_lcm_is_seen_too():
+    """2:2:1 to 2:1:1 leaves lcm(weights) as it was: the state's own record of the weights
+    tells the change (it routed AABC AABC... for good)."""
+    cands = [Candidate(i, i, w, True) for i, w in enumerate([2, 2, 1])]
+    state: dict[str, int] = {}
+    pointer = 0
+    for _ in range(5):
+        p = weighted(cands, pointer, state)
+        state, pointer = p.current_weights, p.pointer
+    weights = [2, 1, 1]
+    cands = [Candidate(i, i, w, True) for i, w in enumerate(weights)]
+    picks = []
+    for _ in range(6 * sum(weights)):
+        p = weighted(cands, pointer, state)
+        state, pointer = p.current_weights, p.pointer
+        picks.append(p.rep_id)
+    fresh = burstiness(weights, run_weighted(weights, [frozenset(range(3))] * (4 * sum(weights)))[sum(weights) :])
+    assert burstiness(weights, picks[-3 * sum(weights) :]) <= fresh + 1e-9, picks
+    assert Counter(picks[: sum(weights)]) == {0: 2, 1: 1, 2: 1}  # exact from the first window
