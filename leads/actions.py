@@ -255,6 +255,12 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     if new_rep is None:
         explanation.update({"to_rep": None, "queued": True, "queue_reason": lead.queue_reason})
     lead.save(update_fields=LEAD_ROUTING_FIELDS)
+    if new_rep is None:
+        # The group's webhooks hear of it too (owner null): the CRM must not go on showing
+        # the rep who missed the SLA as the owner. No e-mail: nobody owns it.
+        notify.lead_notify(
+            lead=lead, event="lead.escalated", reason="queued", attempt=assignment.attempt, at=now, group=group
+        )
     events.insert(0, Event(AuditEvent.Type.LEAD_ESCALATED, actor, lead.id, group.slug, new_rep, explanation))
     audit_record_many(events=events)
     # The rep who missed has one open lead fewer: under a max_open cap that frees capacity.

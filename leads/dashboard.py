@@ -37,7 +37,7 @@ class RepRow:
     breaches: int = 0
     median_accept_s: float | None = None
     share: float = 0.0  # of the group's assignments in the window
-    weight_share: float = 0.0  # of the weights of the group's active members
+    weight_share: float = 0.0  # of the weights of the members taking part (active, or given leads)
 
 
 @dataclass
@@ -106,10 +106,13 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
         panels[group_id].median_accept_s = value
 
     for panel in panels.values():
-        weights = sum(r.weight for r in panel.reps if r.active)
+        # The members that took part in the period: active now, or given leads in it (a rep
+        # paused since keeps its share of the weights; one away all along has none).
+        taking_part = [r for r in panel.reps if r.active or r.assigned]
+        weights = sum(r.weight for r in taking_part)
         for r in panel.reps:
             r.share = r.assigned / panel.assigned if panel.assigned else 0.0
-            r.weight_share = r.weight / weights if weights and r.active else 0.0
+            r.weight_share = r.weight / weights if weights and (r.active or r.assigned) else 0.0
 
     _queue_depth(by_slug, since, until, now)
     return list(panels.values())
@@ -180,23 +183,38 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
     step = (until - since) / QUEUE_POINTS
     ticks = [since + step * (i + 1) for i in range(QUEUE_POINTS)]
     depth: dict[str, list[int]] = {slug: [0] * QUEUE_POINTS for slug in panels}
-    seen: set[tuple[int | None, datetime]] = set()
+    # One lead's episodes, in order: each ends, at the latest, where its next one begins (a
+    # queued lead rerouted and queued again is one lead in the queue, not two).
+    by_lead: dict[int | None, dict[datetime, tuple[str, datetime | None]]] = {}
     for slug, lead_id, entered, assigned_at, closed_at in episodes:
-        if (lead_id, entered) in seen:
-            continue
-        seen.add((lead_id, entered))
         left = min((t for t in (assigned_at, closed_at) if t is not None), default=None)
-        if left is not None and left <= since:
-            continue
-        counts = depth[slug]
-        for i, t in enumerate(ticks):
-            if entered <= t and (left is None or left > t):
-                counts[i] += 1
-        if entered <= now and (left is None or left > now):
-            panels[slug].queue_now += 1
+        by_lead.setdefault(lead_id, {}).setdefault(entered, (slug, left))
+    changes: dict[str, list[tuple[datetime, int]]] = {slug: [] for slug in panels}
+    for lead_episodes in by_lead.values():
+        starts = sorted(lead_episodes)
+        for n, entered in enumerate(starts):
+            slug, left = lead_episodes[entered]
+            if n + 1 < len(starts) and (left is None or left > starts[n + 1]):
+                left = starts[n + 1]
+            if left is not None and left <= since:
+                continue
+            counts = depth[slug]
+            for i, t in enumerate(ticks):
+                if entered <= t and (left is None or left > t):
+                    counts[i] += 1
+            if entered <= now and (left is None or left > now):
+                panels[slug].queue_now += 1
+            changes[slug].append((max(entered, since), 1))
+            if left is not None and left < until:
+                changes[slug].append((left, -1))
     for slug, counts in depth.items():
         panels[slug].queue_points = list(zip(ticks, counts, strict=True))
-        panels[slug].queue_max = max(counts, default=0)
+        # The peak at any instant of the period, not only at the chart's sampled points.
+        level = peak = 0
+        for _at, change in sorted(changes[slug]):  # at one instant, leaving (-1) before entering
+            level += change
+            peak = max(peak, level)
+        panels[slug].queue_max = max(peak, *counts)
 
 
 # --- charts: server-rendered SVG geometry (no JavaScript, no CDN) ----------------------------

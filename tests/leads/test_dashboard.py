@@ -109,3 +109,39 @@ def test_upload_reads_cr_endings_and_refuses_latin1_rows_by_line(admin_client, m
     html = response.content.decode()
     assert "2 rows: 1 imported" in html and "Not UTF-8 text" in html and "<td>3</td>" in html
     assert list(Lead.objects.values_list("external_id", flat=True)) == ["c-1"]
+
+
+def test_a_queued_lead_rerouted_and_queued_again_counts_once_and_a_short_queue_shows_its_peak(
+    api, make_group, post_lead
+):
+    make_group(0, slug="empty")
+    leads = [post_lead(group="empty").json()["id"] for _ in range(3)]
+    for _ in range(2):
+        assert api.post(f"/api/v1/leads/{leads[0]}/reroute/", {}, format="json").status_code == 200
+    now = timezone.now()
+    (panel,) = [
+        p for p in dashboard_view(since=now - timedelta(days=1), until=now + timedelta(minutes=1)) if p.slug == "empty"
+    ]
+    assert panel.queue_now == 3 and panel.queue_max == 3
+    # Closed a minute later: gone between two of the chart's points, still the period's peak.
+    for lead_id in leads:
+        assert api.post(f"/api/v1/leads/{lead_id}/close/", {"outcome": "lost"}, format="json").status_code == 200
+    later = timezone.now()
+    (panel,) = [
+        p
+        for p in dashboard_view(since=later - timedelta(days=1), until=later + timedelta(minutes=1))
+        if p.slug == "empty"
+    ]
+    assert panel.queue_now == 0 and panel.queue_max == 3
+
+
+def test_a_rep_paused_after_its_leads_keeps_its_weight_share(make_group, post_lead):
+    group, (a, b) = make_group(2, slug="emea", strategy="weighted")
+    for _ in range(4):
+        post_lead(group="emea")
+    Membership.objects.filter(group=group, rep=b).update(active=False)
+    now = timezone.now()
+    (panel,) = [
+        p for p in dashboard_view(since=now - timedelta(days=1), until=now + timedelta(minutes=1)) if p.slug == "emea"
+    ]
+    assert {r.rep_id: (r.share, r.weight_share) for r in panel.reps} == {a.id: (0.5, 0.5), b.id: (0.5, 0.5)}

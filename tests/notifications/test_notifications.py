@@ -302,3 +302,38 @@ def test_one_drain_is_published_for_messages_committed_while_one_is_queued(
         assert post_lead(group="emea").status_code == 201
     assert published == ["notifications.outbox_drain"] * 2
     services.drain_flag_clear()
+
+
+def test_an_escalation_to_the_queue_tells_the_webhooks_nobody_owns_the_lead(post_lead, make_group, settings):
+    from leads import actions
+    from leads.models import Assignment
+
+    group, reps = make_group(1, slug="emea", sla_minutes=5, max_attempts=1)
+    WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/")
+    lead_id = post_lead(group="emea").json()["id"]
+    first = Assignment.objects.get(lead_id=lead_id)
+    Assignment.objects.filter(pk=first.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    with transaction.atomic():
+        assert actions.lead_escalate(assignment_id=first.pk).outcome == "queued"
+    message = OutboxMessage.objects.get(event="lead.escalated")
+    assert (message.lead_id, message.rep_id, message.group_id) == (lead_id, None, group.id)
+    assert message.payload["reason"] == "queued" and message.payload["lead"]["status"] == "queued"
+    deliveries = Delivery.objects.filter(id__in=services.outbox_dispatch(message_id=message.id))
+    assert [d.channel for d in deliveries] == ["webhook"]  # no e-mail: nobody owns it
+    assert json.loads(services.webhook_body(deliveries[0]))["lead"]["owner"] is None
+
+
+def test_a_deactivated_endpoint_gets_no_more_retries(post_lead, make_group, receiver, settings):
+    settings.NOTIFY_REP_EMAIL = False
+    group, _ = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.statuses = [500, 200]
+    post_lead(group="emea")
+    [delivery_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(active=False)
+    make_due(delivery_id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts, d.last_error) == ("failed", 1, "the endpoint was deactivated")
+    assert len(receiver.requests) == 1
