@@ -22,7 +22,11 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
-"$VENV/bin/celery" -A routing_project worker --loglevel INFO --concurrency 2 >var/log/worker.log 2>&1 &
+# Two workers: routing (SLA timers, queue drains) and notifications (webhooks, e-mails), so
+# that a slow webhook receiver never delays an escalation.
+"$VENV/bin/celery" -A routing_project worker -Q celery -n "routing.$PORT@%h" --loglevel INFO --concurrency 2 >var/log/worker.log 2>&1 &
+pids+=($!)
+"$VENV/bin/celery" -A routing_project worker -Q notify -n "notify.$PORT@%h" --loglevel INFO --concurrency 2 >var/log/notify-worker.log 2>&1 &
 pids+=($!)
 "$VENV/bin/celery" -A routing_project beat --loglevel INFO --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
 pids+=($!)

@@ -74,6 +74,8 @@ class Worker:
             "-A",
             "routing_project",
             "worker",
+            "-Q",
+            "celery,notify",
             "--loglevel",
             "INFO",
             "--concurrency",

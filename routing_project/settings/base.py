@@ -153,6 +153,12 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE: dict = {}
+# Notifications (webhook and e-mail deliveries: network calls of up to
+# NOTIFY_WEBHOOK_TIMEOUT_S to receivers we do not run) have a queue of their own, served by
+# worker processes of their own (scripts/run.sh, docker-compose.yml): a receiver that hangs
+# must not hold back SLA timers and queue drains, which the `celery` queue carries.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_ROUTES = {"notifications.*": {"queue": "notify"}}
 # Redis down must never block intake: publishing gives up fast and the sweep catches up.
 CELERY_BROKER_CONNECTION_TIMEOUT = 1.0
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

@@ -337,3 +337,13 @@ def test_a_deactivated_endpoint_gets_no_more_retries(post_lead, make_group, rece
     d = Delivery.objects.get(pk=delivery_id)
     assert (d.status, d.attempts, d.last_error) == ("failed", 1, "the endpoint was deactivated")
     assert len(receiver.requests) == 1
+
+
+def test_deliveries_have_a_queue_of_their_own_apart_from_sla_timers():
+    from routing_project.celery import app
+
+    def queue(name: str) -> str:
+        return app.amqp.router.route({}, name)["queue"].name
+
+    assert {queue(n) for n in ("notifications.delivery_send", "notifications.outbox_drain")} == {"notify"}
+    assert {queue(n) for n in ("leads.tasks.escalate_assignment", "leads.tasks.drain_group")} == {"celery"}
