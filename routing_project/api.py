@@ -79,7 +79,9 @@ class DecimalFieldSchema(OpenApiSerializerFieldExtension):
             number["maximum"] = float(Decimal(10) ** (digits - places) - Decimal(10) ** -places)
         whole = f"{{1,{digits - places}}}" if digits is not None and places is not None else "+"
         fraction = rf"(\.\d{{1,{places}}})?" if places else ""
-        text = {"type": "string", "pattern": rf"^\d{whole}{fraction}$", "example": "0.5"}
+        text: dict[str, Any] = {"type": "string", "pattern": rf"^\d{whole}{fraction}$", "example": "0.5"}
+        if field.min_value is not None and field.min_value > 0:
+            text["not"] = {"pattern": r"^0+(\.0+)?$"}  # zero, however written, is under the minimum
         limits = f"at most {places} decimal places" if places is not None else "a decimal"
         return {"oneOf": [number, text], "description": f"A number or its text, {limits}."}
 

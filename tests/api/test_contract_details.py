@@ -78,6 +78,7 @@ def test_the_schema_states_the_limits_the_server_enforces():
     sla = components["GroupRequest"]["properties"]["sla_minutes"]["oneOf"]
     assert sla[0] == {"type": "number", "minimum": 0.01, "maximum": 999999.99}
     assert sla[1]["pattern"] == r"^\d{1,6}(\.\d{1,2})?$"
+    assert sla[1]["not"] == {"pattern": r"^0+(\.0+)?$"}
     assert components["RuleRequest"]["properties"]["conditions"]["minItems"] == 1
     assert components["PatchedLeadPatchRequest"]["minProperties"] == 1
     intake = schema["paths"]["/api/v1/leads/"]["post"]
