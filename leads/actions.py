@@ -385,10 +385,14 @@ def _drains_arm(*, low: datetime, high: datetime) -> int:
         .exclude(Exists(still_away))
         .values_list("rep_id", "ends_at")
     )
-    drains: set[tuple[int, datetime]] = set()  # each end of each group: two reps back apart, two drains
-    for rep_id, ends_at in ending:
-        for group_id in Membership.objects.filter(rep_id=rep_id).values_list("group_id", flat=True):
-            drains.add((group_id, ends_at))
+    ends = list(ending)
+    groups_of: dict[int, list[int]] = {}
+    for rep_id, group_id in Membership.objects.filter(rep_id__in={r for r, _ in ends}).values_list(
+        "rep_id", "group_id"
+    ):
+        groups_of.setdefault(rep_id, []).append(group_id)
+    # Each end of each group: two reps back at different times, two drains.
+    drains = {(group_id, ends_at) for rep_id, ends_at in ends for group_id in groups_of.get(rep_id, [])}
     published = 0
     for group_id, ends_at in sorted(drains):
         at = ends_at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
@@ -31,18 +32,7 @@ def on_capacity_freed(callback: CapacityCallback) -> None:
 
 def capacity_freed(*, group_ids: Iterable[int]) -> None:
     """Runs the registered callbacks after the current transaction commits (now if none)."""
-    ids = sorted({int(g) for g in group_ids if g is not None})
-    if not ids:
-        return
-
-    def run() -> None:
-        for callback in list(_callbacks):
-            try:
-                callback(ids)
-            except Exception:  # a side effect must never break the change that triggered it
-                logger.exception("capacity_freed callback %s failed", getattr(callback, "__name__", callback))
-
-    transaction.on_commit(run)
+    _after_commit(_callbacks, group_ids)
 
 
 def on_capacity_frees_at(callback: LaterCallback) -> None:
@@ -54,15 +44,21 @@ def on_capacity_frees_at(callback: LaterCallback) -> None:
 def capacity_frees_at(*, group_ids: Iterable[int], at: datetime) -> None:
     """Capacity that time alone will free (an absence ending at `at`): the registered
     callbacks run after the current transaction commits, with `at`."""
+    _after_commit(_later, group_ids, at)
+
+
+def _after_commit(callbacks: list[Any], group_ids: Iterable[int], *args: Any) -> None:
+    """Runs `callback(ids, *args)` for each of `callbacks` once the transaction commits; a
+    callback that fails is logged and the others still run."""
     ids = sorted({int(g) for g in group_ids if g is not None})
     if not ids:
         return
 
     def run() -> None:
-        for callback in list(_later):
+        for callback in list(callbacks):
             try:
-                callback(ids, at)
+                callback(ids, *args)
             except Exception:  # a side effect must never break the change that triggered it
-                logger.exception("capacity_frees_at callback %s failed", getattr(callback, "__name__", callback))
+                logger.exception("capacity callback %s failed", getattr(callback, "__name__", callback))
 
     transaction.on_commit(run)

@@ -320,37 +320,37 @@ def test_weighted_a_member_back_from_a_pause_is_as_interleaved_as_a_fresh_group(
     assert burstiness(weights, picks[-3 * total :]) <= fresh + 1e-9, picks
 
 
+def reweighted(before: list[int], turns: int, after: list[int], then: int) -> list[int | None]:
+    """`turns` leads with weights `before`, then `then` leads with `after` (same members):
+    the picks after the change."""
+    state: dict[str, int] = {}
+    pointer = 0
+    picks: list[int | None] = []
+    for weights, n in ((before, turns), (after, then)):
+        cands = [Candidate(i, i, w, True) for i, w in enumerate(weights)]
+        picks = []
+        for _ in range(n):
+            p = weighted(cands, pointer, state)
+            state, pointer = p.current_weights, p.pointer
+            picks.append(p.rep_id)
+    return picks
+
+
+def fresh_burstiness(weights: list[int]) -> float:
+    everyone = frozenset(range(len(weights)))
+    return burstiness(weights, run_weighted(weights, [everyone] * (4 * sum(weights)))[sum(weights) :])
+
+
 def test_weighted_new_weights_are_as_interleaved_as_a_fresh_group():
-    cands = [Candidate(i, i, 1, True) for i in range(3)]
-    p = weighted(cands, 0, {})
-    state, pointer = p.current_weights, p.pointer
     weights = [3, 1, 1]
-    cands = [Candidate(i, i, w, True) for i, w in enumerate(weights)]
-    picks = []
-    for _ in range(5 * sum(weights)):
-        p = weighted(cands, pointer, state)
-        state, pointer = p.current_weights, p.pointer
-        picks.append(p.rep_id)
-    fresh = burstiness(weights, run_weighted(weights, [frozenset(range(3))] * (4 * sum(weights)))[sum(weights) :])
-    assert burstiness(weights, picks[-3 * sum(weights) :]) <= fresh + 1e-9, picks
+    picks = reweighted([1, 1, 1], 1, weights, 5 * sum(weights))
+    assert burstiness(weights, picks[-3 * sum(weights) :]) <= fresh_burstiness(weights) + 1e-9, picks
 
 
 def test_weighted_a_weight_change_that_keeps_the_lcm_is_seen_too():
     """2:2:1 to 2:1:1 leaves lcm(weights) as it was: the state's own record of the weights
     tells the change (it routed AABC AABC... for good)."""
-    cands = [Candidate(i, i, w, True) for i, w in enumerate([2, 2, 1])]
-    state: dict[str, int] = {}
-    pointer = 0
-    for _ in range(5):
-        p = weighted(cands, pointer, state)
-        state, pointer = p.current_weights, p.pointer
     weights = [2, 1, 1]
-    cands = [Candidate(i, i, w, True) for i, w in enumerate(weights)]
-    picks = []
-    for _ in range(6 * sum(weights)):
-        p = weighted(cands, pointer, state)
-        state, pointer = p.current_weights, p.pointer
-        picks.append(p.rep_id)
-    fresh = burstiness(weights, run_weighted(weights, [frozenset(range(3))] * (4 * sum(weights)))[sum(weights) :])
-    assert burstiness(weights, picks[-3 * sum(weights) :]) <= fresh + 1e-9, picks
+    picks = reweighted([2, 2, 1], 5, weights, 6 * sum(weights))
+    assert burstiness(weights, picks[-3 * sum(weights) :]) <= fresh_burstiness(weights) + 1e-9, picks
     assert Counter(picks[: sum(weights)]) == {0: 2, 1: 1, 2: 1}  # exact from the first window
