@@ -367,6 +367,11 @@ def _column_name(cell: str) -> str:
 
 
 def _check_header(header: list[str]) -> list[str]:
+    if any(_UNDECODED.search(h) or "\x00" in h for h in header):
+        # Bytes `csv_text` could not read as UTF-8 (a Latin-1 or UTF-16 file): refused here,
+        # else an `attributes.<key>` column takes them as its key and the database refuses
+        # the whole batch.
+        raise ImportFormatError("The header row is not UTF-8 text: save the file as UTF-8 (CSV UTF-8).")
     # Column names in any case; an attribute's key as written (the API keeps its case, and a
     # rule on attributes.<Key> must match imported leads as it matches posted ones).
     columns = [_column_name(h) for h in header]

@@ -300,6 +300,23 @@ def test_bytes_that_are_not_utf8_refuse_their_row_only_naming_its_line(make_grou
     assert not Lead.objects.filter(external_id="y-1").exists()
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        "email,group,attributes.R\xe9gion\nrene@customer.example,emea,Nord\n".encode("latin-1"),
+        "external_id,email,group\nu-1,u1@customer.example,emea\n".encode("utf-16"),
+    ],
+    ids=["latin1-attribute-column", "utf16"],
+)
+def test_a_header_that_is_not_utf8_refuses_the_file_saying_so(make_group, data):
+    # An attributes.<key> column accepts any key: undecoded bytes in it once reached the
+    # database and failed the whole import with a 500 (admin) or a traceback (command).
+    make_group(1, slug="emea")
+    with pytest.raises(ImportFormatError, match="not UTF-8"):
+        bytes_run(data)
+    assert not Lead.objects.exists()
+
+
 def test_malformed_csv_is_a_bad_row_and_the_reader_goes_on(make_group):
     make_group(1, slug="emea")
     huge = "x" * 140_000
