@@ -1,4 +1,5 @@
 from django.db import models
+from django.db.models.fields.json import KT
 
 
 class AuditEvent(models.Model):
@@ -44,6 +45,13 @@ class AuditEvent(models.Model):
         indexes = [
             models.Index(fields=["lead_id", "id"], name="audit_lead_id_idx"),
             models.Index(fields=["group"], name="audit_group_idx"),
+            # The external ids of the leads taken in as duplicates (no lead row holds them): a
+            # re-run of an import skips those rows (leads/bulk.py). Written for duplicates only.
+            models.Index(
+                KT("explanation__external_id"),
+                condition=models.Q(type="lead.duplicate"),
+                name="audit_duplicate_external_idx",
+            ),
         ]
 
     def __str__(self) -> str:

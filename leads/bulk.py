@@ -508,6 +508,27 @@ def _select_any(columns: str, key: str, values: list[str], order_by: str = "") -
         return cursor.fetchall()
 
 
+def _duplicate_external_ids(values: list[str]) -> set[str]:
+    """The external ids among `values` of leads taken in as duplicates: no lead row holds
+    them, their lead.duplicate event does (indexed: audit_duplicate_external_idx)."""
+    if not values:
+        return set()
+    if connection.vendor != "postgresql":
+        return set(
+            AuditEvent.objects.filter(
+                type=AuditEvent.Type.LEAD_DUPLICATE, explanation__external_id__in=values
+            ).values_list("explanation__external_id", flat=True)
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # The type as a literal: the partial index's condition, which a parameter would hide.
+            "SELECT DISTINCT explanation ->> 'external_id' FROM audit_auditevent"
+            " WHERE type = 'lead.duplicate' AND (explanation ->> 'external_id') = ANY(%s::text[])",
+            [values],
+        )
+        return {ext for (ext,) in cursor.fetchall()}
+
+
 def _point_lookups(on: bool) -> None:
     if connection.vendor != "postgresql":
         return
@@ -548,6 +569,7 @@ def _route_batch_locked(
     # Idempotency by external_id: rows already imported (by an earlier run or batch) are skipped.
     external_ids = sorted({r.data["external_id"] for r in rows if r.data.get("external_id")})
     done_ids = {ext for (ext,) in _select_any("external_id", "external_id", external_ids)}
+    done_ids |= _duplicate_external_ids(sorted(set(external_ids) - done_ids))
 
     # Dedup, as intake: the newest open or queued lead of the email within the group's window.
     since = now - timedelta(days=max(groups[r.group_slug].dedup_days if r.group_slug else 30 for r in rows))

@@ -139,6 +139,26 @@ def test_dedup_as_intake_in_the_database_and_in_the_file(make_group, post_lead):
     assert not Lead.objects.filter(external_id__in=["d-1", "d-3"]).exists()
 
 
+def test_a_rerun_skips_the_rows_taken_in_as_duplicates(make_group):
+    # A duplicate row leaves no lead with its external_id, only its lead.duplicate event: a
+    # re-run (an upload cut short, uploaded again) once audited it as a duplicate again and,
+    # once the lead it duplicated was closed, imported it as a new lead with a rotation turn.
+    from leads import actions
+
+    make_group(2, slug="emea")
+    rows = ("e-1,same@customer.example,Jane,Acme,FR,1,emea,", "e-2,SAME@customer.example,Jane,Acme,FR,1,emea,")
+    first = run(csv_of(*rows))
+    assert (first.imported, first.duplicates) == (1, 1)
+    events = AuditEvent.objects.count()
+    second = run(csv_of(*rows))
+    assert (second.imported, second.duplicates, second.already_imported) == (0, 0, 2)
+    assert AuditEvent.objects.count() == events
+    actions.lead_close(lead_id=Lead.objects.get(external_id="e-1").id, outcome="lost", actor="test")
+    third = run(csv_of(*rows))
+    assert (third.imported, third.already_imported) == (0, 2)
+    assert not Lead.objects.filter(external_id="e-2").exists()
+
+
 def test_caps_and_eligibility_move_on_within_a_batch(make_group):
     group, reps = make_group(3, slug="emea")
     Membership.objects.filter(group=group, rep=reps[0]).update(max_per_day=1)
