@@ -6,6 +6,7 @@ always be evaluated; evaluation never raises.
 """
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,6 +146,39 @@ def _norm(value: Any) -> Any:
     return value
 
 
+_NUMBER_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _as_typed(text: str, like: Any) -> Any:
+    """Text read as the rule's (or the lead's) type when it spells one: `"25"` as 25 beside a
+    number, `"true"` as True beside a boolean; else the text itself. An attribute from a CSV
+    import is always text, the same attribute posted as JSON is typed: both must match alike."""
+    spelled = text.strip()
+    if isinstance(like, bool):
+        return {"true": True, "false": False}.get(spelled.casefold(), text)
+    if _is_number(like) and _NUMBER_TEXT.fullmatch(spelled):
+        try:
+            if spelled.lstrip("+-").isdigit():
+                return int(spelled)
+            number = float(spelled)
+        except ValueError:  # past Python's limit on the digits of an int read from text
+            return text
+        return number if math.isfinite(number) else text
+    return text
+
+
+def _equal(have: Any, want: Any) -> bool:
+    """equals, and one item of (not_)in: `_norm`, and text against a number or a boolean as
+    that type."""
+    if _norm(have) == _norm(want):
+        return True
+    if isinstance(have, str) and not isinstance(want, str):
+        return _norm(_as_typed(have, want)) == _norm(want)
+    if isinstance(want, str) and not isinstance(have, str):
+        return _norm(have) == _norm(_as_typed(want, have))
+    return False
+
+
 def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
     field, op = cond["field"], cond["op"]
     want: Any = cond.get("value")
@@ -159,11 +193,11 @@ def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
     if not present:
         return op == "not_in"
     if op == "equals":
-        return _norm(have) == _norm(want)
+        return _equal(have, want)
     if op == "in":
-        return _norm(have) in {_norm(v) for v in want}
+        return any(_equal(have, v) for v in want)
     if op == "not_in":
-        return _norm(have) not in {_norm(v) for v in want}
+        return not any(_equal(have, v) for v in want)
     if op == "contains":
         return isinstance(have, str) and _norm(want) in _norm(have)
     if op in ("gte", "lte"):

@@ -12,7 +12,7 @@ from leads.bulk import ImportFormatError, count_rows, csv_text, leads_import
 from leads.models import Assignment, Lead
 from notifications.models import OutboxMessage
 from rotation import services
-from rotation.models import Membership, RotationState
+from rotation.models import Membership, RotationState, RoutingRule
 from tests.factories import GroupFactory, RepFactory
 
 pytestmark = pytest.mark.django_db
@@ -377,6 +377,28 @@ def test_attributes_keep_their_case_and_numbers_past_64_bits(make_group):
     report = run(csv_of(f'k-1,k1@customer.example,emea,spring,"{{""seats"": {big}}}"', header=header))
     assert report.imported == 1, report.errors
     assert Lead.objects.get(external_id="k-1").attributes == {"Campaign": "spring", "seats": big}
+
+
+@pytest.mark.parametrize(
+    ("condition", "posted", "cell"),
+    [
+        ({"field": "attributes.seats", "op": "equals", "value": 25}, 25, "25"),
+        ({"field": "attributes.seats", "op": "in", "value": [25, 50]}, 25, "25"),
+        ({"field": "attributes.vip", "op": "equals", "value": True}, True, "true"),
+    ],
+    ids=["number-equals", "number-in", "boolean"],
+)
+def test_a_rule_on_a_typed_attribute_routes_an_imported_lead_as_a_posted_one(api, make_group, condition, posted, cell):
+    # An attributes.<key> cell is text: a rule with a number or a boolean once matched the
+    # posted lead and missed the imported one, which went to the default group or the queue.
+    group, _reps = make_group(1, slug="vip")
+    services.rule_save(rule=RoutingRule(name="vip", priority=1, conditions=[condition], group=group), actor="test")
+    key = condition["field"].removeprefix("attributes.")
+    body = {"email": "p@customer.example", "attributes": {key: posted}}
+    assert api.post("/api/v1/leads/", body, format="json").json()["group"] == "vip"
+    report = run(io.StringIO(f"email,attributes.{key}\ni@customer.example,{cell}\n"))
+    assert report.imported == 1, report.errors
+    assert Lead.objects.get(email="i@customer.example").group == group
 
 
 def test_count_rows_counts_lines_of_any_ending(tmp_path: Path):

@@ -160,6 +160,35 @@ def test_a_boolean_is_not_the_number_one_or_zero(op, want, have, holds):
     assert condition_holds(cleaned, {"attributes.seats": have}) is holds
 
 
+@pytest.mark.parametrize(
+    ("op", "want", "have", "holds"),
+    [
+        ("equals", 25, "25", True),
+        ("equals", 25, " 25 ", True),
+        ("equals", 0.5, "0.5", True),
+        ("equals", 25, "25.0", True),
+        ("equals", 25, "26", False),
+        ("equals", 25, "25 seats", False),
+        ("equals", "25", 25, True),
+        ("equals", True, "true", True),
+        ("equals", True, "TRUE", True),
+        ("equals", False, "true", False),
+        ("equals", True, "1", False),
+        ("equals", 1, "true", False),
+        ("in", [25, 50], "50", True),
+        ("in", [True], "false", False),
+        ("not_in", [25], "25", False),
+        ("not_in", [25], "nan", True),
+        ("equals", HUGE, str(HUGE), True),
+        ("equals", 5, "5" * 5000, False),
+    ],
+)
+def test_text_matches_a_number_or_a_boolean_it_spells(op, want, have, holds):
+    # An attribute imported from a CSV cell is text; posted as JSON it is typed.
+    (cleaned,) = validate_conditions([{"field": "attributes.seats", "op": op, "value": want}])
+    assert condition_holds(cleaned, {"attributes.seats": have}) is holds
+
+
 def test_first_match_by_priority_and_tried_list():
     rules = [
         RuleSpec(3, "emea", 30, [{"field": "country", "op": "in", "value": ["FR"]}], "emea"),
