@@ -159,6 +159,18 @@ def test_a_rerun_skips_the_rows_taken_in_as_duplicates(make_group):
     assert not Lead.objects.filter(external_id="e-2").exists()
 
 
+def test_an_external_id_taken_in_as_a_duplicate_is_not_imported_again_in_a_later_batch(make_group):
+    make_group(2, slug="emea")
+    rows = (
+        "f-1,same@customer.example,Jane,Acme,FR,1,emea,",
+        "f-2,SAME@customer.example,Jane,Acme,FR,1,emea,",  # a duplicate of f-1
+        "f-2,other@customer.example,Jane,Acme,FR,1,emea,",  # f-2 again, in the next batch
+    )
+    report = run(csv_of(*rows), batch_size=1)
+    assert (report.imported, report.duplicates, report.already_imported) == (1, 1, 1)
+    assert not Lead.objects.filter(external_id="f-2").exists()
+
+
 def test_caps_and_eligibility_move_on_within_a_batch(make_group):
     group, reps = make_group(3, slug="emea")
     Membership.objects.filter(group=group, rep=reps[0]).update(max_per_day=1)
