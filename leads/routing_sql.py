@@ -436,19 +436,28 @@ def batch_write(
     return lead_ids, [list(ids or []) for ids in row[1:]]
 
 
-def idempotency_store_many(rows: list[tuple[int, int, bytes, int]], *, done: str) -> None:
-    """Stores a batch's answers to Idempotency-Key requests (record id, status, body, lead id)
-    in one statement, as `services._idempotency_store` does one by one."""
+def idempotency_store_many(rows: list[tuple[IdempotencyRecord, int, bytes, int]], *, done: str) -> int:
+    """Stores a batch's answers to Idempotency-Key requests (claimed record, status, body, lead
+    id) in one statement, as `services._idempotency_store` does one by one: only into claims
+    still in flight as claimed (not taken over by a retry). Returns how many were stored."""
     table = _qn(IdempotencyRecord._meta.db_table)
     values = [
-        {"id": pk, "status": status, "body": base64.b64encode(body).decode(), "lead_id": lead_id}
-        for pk, status, body, lead_id in rows
+        {
+            "id": record.pk,
+            "created_at": record.created_at.isoformat(),
+            "status": status,
+            "body": base64.b64encode(body).decode(),
+            "lead_id": lead_id,
+        }
+        for record, status, body, lead_id in rows
     ]
     with server_bound_cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} i SET state = %s, response_status = v.status, "  # noqa: S608 - identifiers from the models
             "response_body = decode(v.body, 'base64'), lead_id = v.lead_id "
-            "FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, status integer, body text, lead_id bigint) "
-            "WHERE i.id = v.id",
-            [str(done), json.dumps(values)],
+            "FROM jsonb_to_recordset(%s::jsonb) "
+            "AS v(id bigint, created_at timestamptz, status integer, body text, lead_id bigint) "
+            "WHERE i.id = v.id AND i.state = %s AND i.created_at = v.created_at",
+            [str(done), json.dumps(values), str(IdempotencyRecord.State.IN_FLIGHT)],
         )
+        return cursor.rowcount

@@ -169,16 +169,24 @@ def idempotency_claim(*, client: ApiClient, key: str, fingerprint: str) -> Repla
 
 
 def idempotency_release(record: IdempotencyRecord) -> None:
-    """The request failed without writing anything: the key may be used again."""
-    IdempotencyRecord.objects.filter(pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT).delete()
+    """The request failed without writing anything: the key may be used again (unless a retry
+    took it over meanwhile: its claim is not this request's to free)."""
+    IdempotencyRecord.objects.filter(
+        pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT, created_at=record.created_at
+    ).delete()
 
 
 def _idempotency_store(record: IdempotencyRecord | None, *, status: int, body: bytes, lead: Lead) -> None:
     if record is None:
         return
-    IdempotencyRecord.objects.filter(pk=record.pk).update(
-        state=IdempotencyRecord.State.DONE, response_status=status, response_body=body, lead=lead
-    )
+    # Only while the claim is still this request's: a retry takes over a claim older than
+    # IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S (setting its created_at), and then this request must
+    # write nothing, else the key would have two leads. Raising rolls the transaction back.
+    stored = IdempotencyRecord.objects.filter(
+        pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT, created_at=record.created_at
+    ).update(state=IdempotencyRecord.State.DONE, response_status=status, response_body=body, lead=lead)
+    if stored != 1:
+        raise IdempotencyConflict()
 
 
 # --- intake ----------------------------------------------------------------------------------
@@ -706,9 +714,11 @@ def _intake_locked_many_current(jobs: list[IntakeJob], now: datetime) -> list[In
     for job, result in zip(jobs, ordered, strict=True):
         if job.idempotency is not None and job.render is not None:
             result.body = job.render(result.lead, result.duplicate_of)
-            stored.append((job.idempotency.pk, result.status_code, result.body, result.lead.id))
-    if stored:
-        routing_sql.idempotency_store_many(stored, done=IdempotencyRecord.State.DONE)
+            stored.append((job.idempotency, result.status_code, result.body, result.lead.id))
+    # As `_idempotency_store`: a claim taken over by a retry fails the batch, whose leads are
+    # then routed one by one (`_intake_batch`), that one alone failing.
+    if stored and routing_sql.idempotency_store_many(stored, done=IdempotencyRecord.State.DONE) != len(stored):
+        raise IdempotencyConflict()
     return ordered
 
 

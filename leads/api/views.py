@@ -182,6 +182,9 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             if claim is not None:
                 services.idempotency_release(claim)
             raise ServiceUnavailable("The group's rotation is busy; retry shortly.", retry_after=1) from None
+        except services.IdempotencyConflict:
+            # This request outlived its claim and a retry took the key over: nothing was written.
+            raise Conflict("A request with this Idempotency-Key is still in flight.") from None
         except BaseException:
             if claim is not None:
                 services.idempotency_release(claim)

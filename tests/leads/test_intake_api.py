@@ -292,6 +292,95 @@ def test_abandoned_in_flight_key_is_taken_over(api, make_group):
     assert r.status_code == 201
 
 
+def test_a_request_whose_key_was_taken_over_writes_nothing(api, make_group):
+    # A request slower than IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S has its key taken over by a retry;
+    # when it reaches its routing transaction after all, it once wrote a second lead for the
+    # same key (and overwrote the retry's stored answer).
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from leads import services
+    from leads.api.views import render_lead
+    from leads.models import ApiClient
+
+    group, _reps = make_group(2, slug="emea")
+    client = ApiClient.objects.get()
+    body = lead_body(group="emea")
+    fingerprint = services.request_fingerprint(body)
+    slow = services.idempotency_claim(client=client, key="slow", fingerprint=fingerprint)
+    IdempotencyRecord.objects.filter(pk=slow.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    slow.created_at = timezone.now() - timedelta(minutes=5)
+    retry = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "slow"})
+    assert retry.status_code == 201
+    data = {"email": body["email"]}
+    with pytest.raises(services.IdempotencyConflict):
+        services.lead_intake(
+            data=data, requested=group, client=client, actor="api:test", render=render_lead, idempotency=slow
+        )
+    services.idempotency_release(slow)  # as the view does: it must not free the retry's key
+    assert Lead.objects.count() == 1
+    replay = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "slow"})
+    assert replay.status_code == 200 and replay.content == retry.content
+
+
+def test_a_batch_with_a_request_whose_key_was_taken_over_routes_the_others_alone(api, make_group):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from leads import services
+    from leads.api.views import render_lead
+    from leads.models import ApiClient
+
+    group, _reps = make_group(2, slug="emea")
+    client = ApiClient.objects.get()
+    jobs = []
+    for key in ("fine", "slow"):
+        data = lead_body()
+        claim = services.idempotency_claim(client=client, key=key, fingerprint=services.request_fingerprint(data))
+        jobs.append(
+            services.IntakeJob(
+                data,
+                data,
+                group,
+                services.lead_resolve_group(data=data, requested=group),
+                client,
+                "api:test",
+                "",
+                services.normalize_email(data["email"]),
+                idempotency=claim,
+                render=render_lead,
+            )
+        )
+    slow = jobs[1].idempotency
+    earlier = timezone.now() - timedelta(minutes=5)
+    IdempotencyRecord.objects.filter(pk=slow.pk).update(created_at=earlier)
+    slow.created_at = earlier
+    taken = services.idempotency_claim(client=client, key="slow", fingerprint=slow.request_hash)  # a retry's
+    assert isinstance(taken, IdempotencyRecord)
+    services._intake_batch(jobs)
+    assert isinstance(jobs[1].error, services.IdempotencyConflict) and jobs[1].result is None
+    assert jobs[0].error is None and jobs[0].result.status_code == 201
+    assert list(Lead.objects.values_list("email", flat=True)) == [jobs[0].data["email"]]
+    fine = IdempotencyRecord.objects.get(key="fine")
+    assert fine.state == IdempotencyRecord.State.DONE and fine.lead_id == jobs[0].result.lead.id
+    assert IdempotencyRecord.objects.get(key="slow").state == IdempotencyRecord.State.IN_FLIGHT
+
+
+def test_a_request_outlived_by_its_claim_is_a_409(api, make_group, monkeypatch):
+    from leads import services
+
+    make_group(1, slug="emea")
+
+    def taken_over(**kwargs):
+        raise services.IdempotencyConflict()
+
+    monkeypatch.setattr(services, "lead_intake", taken_over)
+    r = api.post("/api/v1/leads/", lead_body(group="emea"), format="json", headers={"Idempotency-Key": "late"})
+    assert r.status_code == 409 and "in flight" in r.json()["detail"]
+
+
 def test_keys_are_scoped_per_client(api_with, make_group):
     make_group(2, slug="emea")
     one, two = api_with(["intake"]), api_with(["intake"])
