@@ -167,16 +167,18 @@ def _as_typed(text: str, like: Any) -> Any:
     return text
 
 
-def _equal(have: Any, want: Any) -> bool:
-    """equals, and one item of (not_)in: `_norm`, and text against a number or a boolean as
-    that type."""
-    if _norm(have) == _norm(want):
-        return True
+def _typed_equal(have: Any, want: Any) -> bool:
+    """Text against a number or a boolean, read as that type (`_norm` compared them already)."""
     if isinstance(have, str) and not isinstance(want, str):
         return _norm(_as_typed(have, want)) == _norm(want)
     if isinstance(want, str) and not isinstance(have, str):
         return _norm(have) == _norm(_as_typed(want, have))
     return False
+
+
+def _among(have: Any, wants: list[Any]) -> bool:
+    """(not_)in: by `_norm`, then text as the other side's type."""
+    return _norm(have) in {_norm(v) for v in wants} or any(_typed_equal(have, v) for v in wants)
 
 
 def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
@@ -193,11 +195,11 @@ def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
     if not present:
         return op == "not_in"
     if op == "equals":
-        return _equal(have, want)
+        return _norm(have) == _norm(want) or _typed_equal(have, want)
     if op == "in":
-        return any(_equal(have, v) for v in want)
+        return _among(have, want)
     if op == "not_in":
-        return not any(_equal(have, v) for v in want)
+        return not _among(have, want)
     if op == "contains":
         return isinstance(have, str) and _norm(want) in _norm(have)
     if op in ("gte", "lte"):
