@@ -102,12 +102,16 @@ def rate_limit_count(*, key: str, window_s: int = 60) -> int:
     window = int(time.time() // window_s)
     full_key = f"{_prefix()}:{key}:{window}"
     client = _redis()
+    if client is not None and time.monotonic() < _state.down_until:
+        return 0  # the same back-off as the hits: no per-request connect timeout while down
     try:
         if client is not None:
             value = client.get(full_key)
         else:
             value = cache.get(full_key)
-    except Exception:
+    except Exception as exc:  # any store failure: fail open, and back off as a hit would
+        if client is not None:
+            _fail_open(0, exc)
         return 0
     return int(value or 0)
 

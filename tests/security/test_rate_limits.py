@@ -152,3 +152,34 @@ def test_each_window_counts_in_a_key_that_expires_after_it():
     full_key = f"{ratelimit._prefix()}:{key}:{int(time.time() // 60)}"
     assert 0 < client.ttl(full_key) <= 61
     assert ratelimit.rate_limit_count(key=key) == 3
+
+
+class _HungRedis:
+    """A Redis client whose every call fails as a hung server's would, after its timeout."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def _fail(self, *args: object, **kwargs: object) -> None:
+        import redis
+
+        self.calls += 1
+        raise redis.TimeoutError("Timeout connecting to server")
+
+    get = incr = expire = delete = _fail
+
+
+def test_counts_skip_redis_while_it_is_down_as_hits_do(settings, monkeypatch):
+    """Signed intake reads the bad-signature count of the address before each request: with
+    Redis hung, every such read waited for the socket timeout (0.25 s a request) while the hits
+    skipped Redis for the back-off. Reads and hits share the back-off."""
+    settings.RATE_LIMIT_REDIS_URL = "redis://hung.example:6379/0"
+    hung = _HungRedis()
+    monkeypatch.setattr(ratelimit._state, "client", hung)
+    monkeypatch.setattr(ratelimit._state, "url", settings.RATE_LIMIT_REDIS_URL)
+    assert ratelimit.rate_limit_count(key="hookfail:10.0.0.1") == 0  # fails open
+    assert hung.calls == 1
+    for _ in range(5):
+        assert ratelimit.rate_limit_count(key="hookfail:10.0.0.1") == 0
+        assert ratelimit.rate_limit_hit(key="hookfail:10.0.0.1", limit=20).allowed
+    assert hung.calls == 1, "Redis was asked again during the back-off"
