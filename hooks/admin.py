@@ -47,7 +47,7 @@ class IntakeSourceAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: IntakeSource, form: Any, change: bool) -> None:
         if change:
-            obj.save(update_fields=list(form.changed_data) or None)
+            services.source_update(source=obj, fields=list(form.changed_data), actor=_actor(request))
             return
         source, secret = services.source_create(
             slug=obj.slug,

@@ -116,6 +116,29 @@ def source_rotate_secret(*, source: IntakeSource, actor: str, grace: timedelta =
     return secret
 
 
+# The fields an edit may change; the secrets are changed by rotation only.
+EDITABLE_FIELDS = ("slug", "name", "field_map", "active", "rate_limit_per_minute")
+
+
+def source_update(*, source: IntakeSource, fields: list[str], actor: str) -> None:
+    """Saves `fields` of an edited source and records what they now hold: a source switched
+    off, re-mapped or allowed more requests is audited as creating or rotating it is."""
+    fields = [f for f in fields if f in EDITABLE_FIELDS]
+    if not fields:
+        return
+    with transaction.atomic():
+        source.save(update_fields=fields)
+        audit_record(
+            type=AuditEvent.Type.CLIENT_CHANGED,
+            actor=actor,
+            explanation={
+                "intake_source": source.slug,
+                "change": "edited",
+                "fields": {f: getattr(source, f) for f in fields},
+            },
+        )
+
+
 # --- signatures ------------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from django.urls import reverse
 from security.admin_views import shown_once
 
 from .models import ApiClient
-from .tokens import api_client_create, api_client_revoke
+from .tokens import api_client_audit_created, api_client_create, api_client_revoke, api_client_update
 
 
 def _actor(request: HttpRequest) -> str:
@@ -45,17 +45,13 @@ class ApiClientAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ApiClient, form: Any, change: bool) -> None:
         if change:
-            obj.save(
-                update_fields=[
-                    f for f in form.changed_data if f in {"name", "scopes", "rate_limit_per_minute", "active"}
-                ]
-                or None
-            )
+            api_client_update(client=obj, fields=list(form.changed_data), actor=_actor(request))
             return
         client, token = api_client_create(name=obj.name, scopes=list(obj.scopes))
         if obj.rate_limit_per_minute is not None or not obj.active:
             client.rate_limit_per_minute, client.active = obj.rate_limit_per_minute, obj.active
             client.save(update_fields=["rate_limit_per_minute", "active"])
+        api_client_audit_created(client=client, actor=_actor(request))
         obj.pk, obj._new_token = client.pk, token  # type: ignore[attr-defined]
 
     def response_add(self, request: HttpRequest, obj: ApiClient, post_url_continue: str | None = None) -> HttpResponse:

@@ -1,4 +1,7 @@
 import secrets
+from typing import Any
+
+from django.db import transaction
 
 from .models import ApiClient
 
@@ -33,3 +36,40 @@ def api_client_revoke(*, client: ApiClient, actor: str) -> None:
     audit_record(
         type=AuditEvent.Type.CLIENT_CHANGED, actor=actor, explanation={"api_client": client.name, "change": "revoked"}
     )
+
+
+# The fields an edit may change; none of them is secret (only the token's hash is, never edited).
+EDITABLE_FIELDS = ("name", "scopes", "rate_limit_per_minute", "active")
+
+
+def api_client_audit_created(*, client: ApiClient, actor: str) -> None:
+    """Records who created a client and with which scopes (never the token)."""
+    from audit.models import AuditEvent
+    from audit.services import audit_record
+
+    audit_record(
+        type=AuditEvent.Type.CLIENT_CHANGED,
+        actor=actor,
+        explanation={"api_client": client.name, "change": "created", "scopes": list(client.scopes)},
+    )
+
+
+def api_client_update(*, client: ApiClient, fields: list[str], actor: str) -> None:
+    """Saves `fields` of an edited client and records what they now hold: granting a scope
+    or switching a token off is a change to who may do what, audited as revoking is."""
+    from audit.models import AuditEvent
+    from audit.services import audit_record
+
+    fields = [f for f in fields if f in EDITABLE_FIELDS]
+    if not fields:
+        return
+    if "scopes" in fields:
+        client.scopes = sorted(set(client.scopes))
+    values: dict[str, Any] = {f: getattr(client, f) for f in fields}
+    with transaction.atomic():
+        client.save(update_fields=fields)
+        audit_record(
+            type=AuditEvent.Type.CLIENT_CHANGED,
+            actor=actor,
+            explanation={"api_client": client.name, "change": "edited", "fields": values},
+        )

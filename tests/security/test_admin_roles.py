@@ -3,6 +3,7 @@ field by field where it matters; credentials shown once; login throttled."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import uuid
@@ -13,6 +14,8 @@ from django.contrib.auth.models import Group as AuthGroup
 from django.contrib.auth.models import User
 from django.test import Client
 
+from audit.models import AuditEvent
+from hooks import services as hook_services
 from hooks.models import IntakeSource
 from leads.models import ApiClient, Lead
 from rotation.models import Account, Group
@@ -241,3 +244,41 @@ def test_only_managers_reassign_and_work_the_queue(role, allowed, lead):
     assert (after.status == "closed") == allowed
     if not allowed:
         assert after.owner_id == before
+
+
+def test_credentials_edited_in_the_admin_are_audited(root):
+    """Granting a token a scope, switching it off, loosening an intake source's limit: each is
+    a `client.changed` event naming who did it and what changed, as creating a token, revoking
+    it with the action or rotating a secret already are. Nothing secret in the event."""
+    r = root.post("/admin/leads/apiclient/add/", {"name": "crm", "scopes": ["read"], "active": "on"})
+    token = re.search(rb"lr_[A-Za-z0-9_\-]{20,}", r.content).group().decode()
+    client = ApiClient.objects.get(name="crm")
+    (created,) = AuditEvent.objects.filter(type="client.changed", explanation__api_client="crm")
+    assert created.explanation["change"] == "created" and created.explanation["scopes"] == ["read"]
+    assert created.actor.startswith("admin:root-")
+
+    change = f"/admin/leads/apiclient/{client.pk}/change/"
+    assert root.post(change, {"name": "crm", "scopes": ["read", "manage"], "active": "on"}).status_code == 302
+    assert root.post(change, {"name": "crm", "scopes": ["read", "manage"]}).status_code == 302
+    edits = [e.explanation for e in AuditEvent.objects.filter(type="client.changed", explanation__change="edited")]
+    assert edits == [
+        {"api_client": "crm", "change": "edited", "fields": {"scopes": ["manage", "read"]}},
+        {"api_client": "crm", "change": "edited", "fields": {"active": False}},
+    ]
+
+    source, secret = hook_services.source_create(slug="site", name="Site", actor="test")
+    r = root.post(
+        f"/admin/hooks/intakesource/{source.pk}/change/",
+        {"slug": "site", "name": "Site", "field_map": '{"mail": "email"}', "rate_limit_per_minute": 100000},
+    )
+    assert r.status_code == 302
+    (edited,) = AuditEvent.objects.filter(type="client.changed", explanation__intake_source="site").exclude(
+        explanation__change="created"
+    )
+    assert edited.explanation == {
+        "intake_source": "site",
+        "change": "edited",
+        "fields": {"field_map": {"mail": "email"}, "active": False, "rate_limit_per_minute": 100000},
+    }
+    text = json.dumps([e.explanation for e in AuditEvent.objects.all()])
+    assert token not in text and secret not in text and client.token_hash not in text
