@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max, Model
 
@@ -166,10 +167,20 @@ def rep_delete(*, rep: Rep, actor: str) -> None:
 # --- memberships -----------------------------------------------------------------------------
 
 
+def _rotation_row_locked(group_id: int) -> RotationState | None:
+    """The group's rotation row, locked as routing locks it, waiting no longer than routing
+    does (ROUTING_LOCK_TIMEOUT_MS, for this transaction): held past it, the lock timeout is
+    raised (a 503 with Retry-After in the API) rather than the request hanging with it."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{settings.ROUTING_LOCK_TIMEOUT_MS}ms"])
+    return RotationState.objects.select_for_update(no_key=True).filter(group_id=group_id).first()
+
+
 def next_position(group: Group) -> int:
     """A joiner takes the next natural position: after the last member, and never before the
     pointer, so that it is reached in the current cycle."""
-    state = RotationState.objects.select_for_update(no_key=True).filter(group=group).first()
+    state = _rotation_row_locked(group.pk)
     top = Membership.objects.filter(group=group).aggregate(m=Max("position"))["m"]
     after_last = 0 if top is None else top + 1
     return max(after_last, state.pointer if state else 0)
@@ -220,7 +231,7 @@ def membership_remove(*, membership: Membership, actor: str) -> None:
     Its own place on the weighted clock goes with it (under the rotation lock): routing drops
     it at the next lead anyway, but a rep added back before that would have found it."""
     removed = (membership.group.slug, membership.rep_id, membership.position)
-    state = RotationState.objects.select_for_update(no_key=True).filter(group_id=membership.group_id).first()
+    state = _rotation_row_locked(membership.group_id)
     if state is not None and str(membership.rep_id) in (state.current_weights or {}):
         state.current_weights = {k: v for k, v in state.current_weights.items() if k != str(membership.rep_id)}
         state.save(update_fields=["current_weights", "updated_at"])

@@ -11,6 +11,8 @@ from rest_framework.views import exception_handler
 
 logger = logging.getLogger(__name__)
 
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL: lock_timeout ran out
+
 
 class ServiceUnavailable(exceptions.APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
@@ -57,6 +59,10 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
             + (f" ({constraint})" if constraint else "")
             + "; read the current state and retry."
         )
+    elif isinstance(exc, OperationalError) and getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+        # A row the change needs (a group's rotation row) stayed locked past the lock timeout.
+        logger.info("lock timeout outside routing")
+        exc = ServiceUnavailable("A row this change needs is busy (locked by routing); retry shortly.", retry_after=1)
     elif isinstance(exc, OperationalError):
         # The database went away or refused (restart, failover, lock timeout outside routing):
         # the request wrote nothing it did not commit, so the client can retry.

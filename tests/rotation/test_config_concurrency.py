@@ -10,6 +10,8 @@ import time
 import pytest
 from django.db import connection, transaction
 
+from audit.models import AuditEvent
+from rotation import services
 from rotation.models import Group, Membership, RotationState
 from tests.factories import GroupFactory, RepFactory, api_client_with
 from tests.leads.test_concurrency import http_client
@@ -90,3 +92,42 @@ def test_the_same_member_added_at_once_is_one_201_and_409s_naming_the_conflict()
     assert Membership.objects.filter(group=group, rep=rep).count() == 1
     for conflict in (r for r in answers if r.status_code == 409):
         assert "at the same time" in conflict.json()["detail"]
+
+
+@pytest.mark.parametrize("change", ["remove", "append"])
+def test_a_member_change_waits_for_a_held_rotation_row_no_longer_than_the_lock_timeout(settings, change):
+    """Removing a member, or adding one at the end, takes the group's rotation row. Held past
+    the lock timeout (a long routing transaction, a stuck batch), it is a 503 with Retry-After
+    like intake's, never a request that hangs as long as the lock does; nothing is written."""
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    group = GroupFactory(slug="g")
+    rep, joiner = RepFactory(), RepFactory()
+    services.membership_add(group=group, rep=rep, actor="test")
+    _client, token = api_client_with(["manage"])
+    events = AuditEvent.objects.count()
+    outcome: dict = {}
+
+    def request() -> None:
+        api = http_client(token)
+        started = time.monotonic()
+        if change == "remove":
+            outcome["response"] = api.delete(f"/api/v1/groups/g/members/{rep.pk}/")
+        else:
+            outcome["response"] = api.post("/api/v1/groups/g/members/", {"rep": joiner.pk}, "application/json")
+        outcome["elapsed"] = time.monotonic() - started
+        connection.close()
+
+    with transaction.atomic():
+        RotationState.objects.select_for_update().get(group=group)
+        thread = threading.Thread(target=request)
+        thread.start()
+        thread.join(timeout=10)  # the lock is held all this time unless the request gave up
+        waited_past_the_timeout = thread.is_alive()
+    thread.join(timeout=30)
+    assert not waited_past_the_timeout, "the request waited on the rotation row as long as it was held"
+    r = outcome["response"]
+    assert r.status_code == 503, r.content
+    assert r["Retry-After"] == "1" and "retry" in r.json()["detail"]
+    assert outcome["elapsed"] < 5
+    assert list(Membership.objects.filter(group=group).values_list("rep_id", flat=True)) == [rep.pk]
+    assert AuditEvent.objects.count() == events
