@@ -124,6 +124,8 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
 @transaction.atomic
 def group_delete(*, group: Group, actor: str) -> None:
     slug = group.slug
+    # The rotation row goes with the group: taken first, as routing takes it, with its timeout.
+    _rotation_row_locked(group.pk)
     # Each member's trail ends with leaving the group, as when removed one by one.
     members = list(Membership.objects.filter(group=group).order_by("position").values_list("rep_id", "position"))
     before = {"before": _values(group, _field_names(group))}

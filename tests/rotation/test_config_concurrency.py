@@ -94,11 +94,12 @@ def test_the_same_member_added_at_once_is_one_201_and_409s_naming_the_conflict()
         assert "at the same time" in conflict.json()["detail"]
 
 
-@pytest.mark.parametrize("change", ["remove", "append"])
+@pytest.mark.parametrize("change", ["remove", "append", "delete the group"])
 def test_a_member_change_waits_for_a_held_rotation_row_no_longer_than_the_lock_timeout(settings, change):
-    """Removing a member, or adding one at the end, takes the group's rotation row. Held past
-    the lock timeout (a long routing transaction, a stuck batch), it is a 503 with Retry-After
-    like intake's, never a request that hangs as long as the lock does; nothing is written."""
+    """Removing a member, adding one at the end or deleting the group takes the group's
+    rotation row. Held past the lock timeout (a long routing transaction, a stuck batch), it
+    is a 503 with Retry-After like intake's, never a request that hangs as long as the lock
+    does; nothing is written."""
     settings.ROUTING_LOCK_TIMEOUT_MS = 300
     group = GroupFactory(slug="g")
     rep, joiner = RepFactory(), RepFactory()
@@ -112,8 +113,10 @@ def test_a_member_change_waits_for_a_held_rotation_row_no_longer_than_the_lock_t
         started = time.monotonic()
         if change == "remove":
             outcome["response"] = api.delete(f"/api/v1/groups/g/members/{rep.pk}/")
-        else:
+        elif change == "append":
             outcome["response"] = api.post("/api/v1/groups/g/members/", {"rep": joiner.pk}, "application/json")
+        else:
+            outcome["response"] = api.delete("/api/v1/groups/g/")
         outcome["elapsed"] = time.monotonic() - started
         connection.close()
 
@@ -129,5 +132,6 @@ def test_a_member_change_waits_for_a_held_rotation_row_no_longer_than_the_lock_t
     assert r.status_code == 503, r.content
     assert r["Retry-After"] == "1" and "retry" in r.json()["detail"]
     assert outcome["elapsed"] < 5
+    assert Group.objects.filter(pk=group.pk).exists()
     assert list(Membership.objects.filter(group=group).values_list("rep_id", flat=True)) == [rep.pk]
     assert AuditEvent.objects.count() == events
