@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Callable
 
 from django.conf import settings
-from django.db import DataError
+from django.db import DataError, OperationalError
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -57,11 +57,26 @@ class AdminListGuardMiddleware:
         if on_a_list and hostile_filter and "e" not in request.GET:
             logging.getLogger(__name__).info("admin list filter refused: %s", type(exception).__name__)
             return HttpResponseRedirect(f"{request.path}?e=1")
+        if request.path.startswith("/admin/") and _is_lock_timeout(exception):
+            # A change that needs a group's rotation row (a member added or removed) while
+            # routing held it past the lock timeout: rolled back, to be retried, not a 500.
+            logging.getLogger(__name__).info("admin change refused: lock timeout")
+            busy = HttpResponse(
+                "A row this change needs is busy (locked by routing); nothing was saved. Go back and retry shortly.",
+                status=503,
+                content_type="text/plain; charset=utf-8",
+            )
+            busy["Retry-After"] = "1"
+            return busy
         # An action posted with a selection that names no row (the page never sends one).
         forged_selection = request.method == "POST" and "_selected_action" in request.POST
         if request.path.startswith("/admin/") and forged_selection and isinstance(exception, ValueError):
             return HttpResponseBadRequest("The selection names no object: select rows on the list page.")
         return None
+
+
+def _is_lock_timeout(exception: Exception) -> bool:
+    return isinstance(exception, OperationalError) and getattr(exception.__cause__, "sqlstate", None) == "55P03"
 
 
 class RequestIdMiddleware:

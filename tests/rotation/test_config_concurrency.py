@@ -135,3 +135,65 @@ def test_a_member_change_waits_for_a_held_rotation_row_no_longer_than_the_lock_t
     assert Group.objects.filter(pk=group.pk).exists()
     assert list(Membership.objects.filter(group=group).values_list("rep_id", flat=True)) == [rep.pk]
     assert AuditEvent.objects.count() == events
+
+
+def test_a_member_removed_in_the_admin_while_the_rotation_row_is_held_is_a_503_to_retry(settings):
+    """The admin's group page removes a member through the same service: a rotation row held
+    past the lock timeout is a 503 page saying to retry, not a server error; nothing changes."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    group = GroupFactory(slug="g")
+    kept, leaving = RepFactory(), RepFactory()
+    services.membership_add(group=group, rep=kept, actor="test")
+    services.membership_add(group=group, rep=leaving, actor="test")
+    admin = Client(raise_request_exception=False)
+    admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
+    data: dict = {
+        "slug": "g",
+        "name": group.name,
+        "strategy": group.strategy,
+        "active": "on",
+        "timezone": "UTC",
+        "max_attempts": group.max_attempts,
+        "dedup_days": group.dedup_days,
+        "memberships-TOTAL_FORMS": 2,
+        "memberships-INITIAL_FORMS": 2,
+        "memberships-MIN_NUM_FORMS": 0,
+        "memberships-MAX_NUM_FORMS": 1000,
+        "absences-TOTAL_FORMS": 0,
+        "absences-INITIAL_FORMS": 0,
+    }
+    for i, m in enumerate(Membership.objects.filter(group=group).order_by("position")):
+        data.update(
+            {
+                f"memberships-{i}-id": m.pk,
+                f"memberships-{i}-group": group.pk,
+                f"memberships-{i}-rep": m.rep_id,
+                f"memberships-{i}-position": m.position,
+                f"memberships-{i}-weight": 1,
+                f"memberships-{i}-active": "on",
+            }
+        )
+    data["memberships-1-DELETE"] = "on"
+    events = AuditEvent.objects.count()
+    outcome: dict = {}
+
+    def request() -> None:
+        outcome["response"] = admin.post(f"/admin/rotation/group/{group.pk}/change/", data)
+        connection.close()
+
+    with transaction.atomic():
+        RotationState.objects.select_for_update().get(group=group)
+        thread = threading.Thread(target=request)
+        thread.start()
+        thread.join(timeout=10)
+        waited_past_the_timeout = thread.is_alive()
+    thread.join(timeout=30)
+    assert not waited_past_the_timeout
+    r = outcome["response"]
+    assert r.status_code == 503, r.content[:300]
+    assert r["Retry-After"] == "1" and b"retry" in r.content.lower()
+    assert Membership.objects.filter(group=group).count() == 2
+    assert AuditEvent.objects.count() == events
