@@ -21,8 +21,17 @@ _PATTERNS = [
     re.compile(r"\b[0-9a-fA-F]{32,}\b"),
     # The signed token of a rep's accept link (leads/accept_link.py): it opens the lead.
     re.compile(r"(?<=/leads/accept/)[^/\s\"']+"),
-    # Email addresses.
-    re.compile(r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+"),
+    # Email addresses, in every spelling that reaches a log line: a non-ASCII local part or
+    # domain (the API accepts IDN domains), as Django escapes it ("Not Found: /a@ex\xe4mple.com/"),
+    # or percent-encoded (%40 for the @, %C3%A4 for a letter). A match starts only where a
+    # run of address characters starts: tried at every character of a long run instead, a
+    # line with no address in it (x.x.x. ... @) took time quadratic in its length.
+    re.compile(
+        r"(?<![\w.!#$%&'*+/=?^`{|}~\-])(?!(?<=\\)[xu][0-9a-fA-F]{2})"
+        r"(?:[\w.!#$%&'*+/=?^`{|}~\-]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4})+(?:@|%40)"
+        r"(?:[\w\-]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|%[0-9a-fA-F]{2})+"
+        r"(?:\.(?:[\w\-]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|%[0-9a-fA-F]{2})+)+"
+    ),
     # Phone numbers in their usual shapes (not dates, times or ids): international (+...),
     # national with a leading 0 (01 23 45 67 89), North American ((555) 123-4567, 555-123-4567).
     re.compile(r"\+\d[\d\s().\-]{5,}\d"),
