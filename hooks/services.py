@@ -195,6 +195,12 @@ def hook_verify(*, source: IntakeSource, header: str, body: bytes, now: datetime
     return VerifiedSignature(signed_at=signed_at, digest=hashlib.sha256(matched.encode()).hexdigest())
 
 
+def hook_replayed(*, source: IntakeSource, signature: VerifiedSignature) -> bool:
+    """True when the signature was used already: refused before it counts against the
+    source's rate limit (`hook_claim` still settles a replay racing the original)."""
+    return HookDelivery.objects.filter(source=source, signature_hash=signature.digest).exists()
+
+
 def hook_claim(*, source: IntakeSource, signature: VerifiedSignature) -> HookDelivery:
     """Records the signature as used, committed on its own so every other process sees it;
     the same signature again (within the tolerance window, which bounds replays) is refused."""

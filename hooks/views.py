@@ -115,6 +115,11 @@ class HookView(APIView):
             logger.warning("hook rejected: source=%s reason=%s", intake_source.slug, exc)
             rate_limit_hit(key=failures_key, limit=limit)
             raise exceptions.AuthenticationFailed(str(exc)) from None
+        if services.hook_replayed(source=intake_source, signature=signature):
+            # A genuine signature seen before: a replay, refused before the source's limit
+            # counts it, or replaying one captured request would use up the source's budget.
+            logger.warning("hook rejected: source=%s reason=replay", intake_source.slug)
+            raise exceptions.AuthenticationFailed("This signature was used already (replay).")
         # created_at in the key: a re-created database never inherits an old source's counter.
         key = f"source:{intake_source.pk}:{intake_source.created_at.timestamp():.6f}"
         verdict = rate_limit_hit(key=key, limit=intake_source.rate_limit_per_minute)

@@ -232,6 +232,25 @@ def test_source_rate_limit_gives_429_with_retry_after(source, make_group):
     assert post_signed(source, b"{}", secret="whsec_wrong").status_code == 401
 
 
+def test_replays_of_a_captured_request_cannot_use_up_the_sources_budget(source, make_group):
+    """A replayed signature verifies (it is genuine) and was counted against the source's
+    limit before being refused as a replay: whoever captured one signed request could replay
+    it for five minutes and have every real form post answered 429 meanwhile."""
+    make_group(1, slug="emea", is_default=True)
+    IntakeSource.objects.filter(pk=source.pk).update(rate_limit_per_minute=3)
+    start_of_a_window(3)
+    body = b'{"email": "captured@acme.example"}'
+    header = services.sign(secret=source.test_secret, body=body, timestamp=int(time.time()))
+    codes = [post_signed(source, body, header=header).status_code for _ in range(6)]
+    assert codes == [201, 401, 401, 401, 401, 401]
+    # The source has used one of its three posts this minute: real forms still get through.
+    assert [post_signed(source, f'{{"email": "real{i}@acme.example"}}'.encode()).status_code for i in range(2)] == [
+        201,
+        201,
+    ]
+    assert Lead.objects.count() == 3
+
+
 def test_field_map_is_validated():
     with pytest.raises(ValueError, match="not a lead field"):
         services.source_create(slug="bad", name="Bad", actor="test", field_map={"x": "password"})
