@@ -300,3 +300,39 @@ def test_an_address_sending_bad_signatures_is_cut_off_for_the_minute(source, mak
     r = post_signed(source, b'{"email": "good@acme.example"}')
     assert r.status_code == 429 and 1 <= int(r["Retry-After"]) <= 60
     assert not Lead.objects.exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_dropped_during_intake_leaves_the_signature_free_for_the_retry(make_group, monkeypatch):
+    """PostgreSQL restarted (here: this request's connection terminated) after the signature
+    was claimed and before the lead was written: the answer is a 503 to retry, so the claim
+    must not outlive the request. Released on the dead connection it did, and the retry the
+    503 asked for was refused as a replay: the lead was never taken in."""
+    from django.db import connection
+
+    from leads import services as lead_services
+    from tests.ops.test_pool_check import terminate
+
+    make_group(1, slug="emea", is_default=True)
+    src, secret = services.source_create(slug="site", name="Site", actor="test")
+    intake = lead_services.lead_intake
+    dropped: list[int] = []
+
+    def intake_after_a_restart(**kwargs):
+        if not dropped:
+            dropped.append(connection.connection.info.backend_pid)
+            terminate(dropped)
+        return intake(**kwargs)
+
+    monkeypatch.setattr(lead_services, "lead_intake", intake_after_a_restart)
+    body = b'{"email": "restart@acme.example"}'
+    header = services.sign(secret=secret, body=body, timestamp=int(time.time()))
+    client = Client()
+    first = client.post("/api/v1/hooks/site/", body, content_type="application/json", headers={"X-Signature": header})
+    assert first.status_code == 503 and first["Retry-After"]
+    connection.close()  # this thread's connection is the request's: the dead one
+    assert dropped and not HookDelivery.objects.exists()
+    retry = client.post("/api/v1/hooks/site/", body, content_type="application/json", headers={"X-Signature": header})
+    assert retry.status_code == 201, retry.content
+    assert Lead.objects.filter(email="restart@acme.example").count() == 1
