@@ -8,18 +8,18 @@ import hmac
 import logging
 import random
 import secrets
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl
 
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import audit_record
 from routing_project.api import json_loads_client
+from routing_project.db import on_a_live_connection
 
 from .models import HookDelivery, IntakeSource, field_map_problems
 
@@ -218,26 +218,11 @@ def hook_claim(*, source: IntakeSource, signature: VerifiedSignature) -> HookDel
         raise SignatureError("This signature was used already (replay).") from None
 
 
-RELEASE_RETRY_DELAYS_S = (0.0, 0.2, 0.5, 1.0)
-
-
 def hook_release(*, delivery: HookDelivery) -> None:
     """The request failed without writing a lead: the sender may retry with the same signature.
-
-    The failure may be the database connection itself (PostgreSQL restarted, the connection
-    dropped): the release then runs on a new connection, retried for a moment. A claim left
-    behind would refuse the very retry the 503 asks for as a replay, and the lead would be lost.
-    """
-    for attempt, delay in enumerate(RELEASE_RETRY_DELAYS_S):
-        time.sleep(delay)
-        try:
-            HookDelivery.objects.filter(pk=delivery.pk).delete()
-            return
-        except DatabaseError:
-            if attempt == len(RELEASE_RETRY_DELAYS_S) - 1:
-                raise
-            if not connection.in_atomic_block:
-                connection.close()  # a dead connection is not reused: the next query opens one
+    On a new connection if the failure was the connection's (PostgreSQL restarted): a claim
+    left behind would refuse the very retry the 503 asks for as a replay, losing the lead."""
+    on_a_live_connection(lambda: HookDelivery.objects.filter(pk=delivery.pk).delete())
 
 
 # --- bodies and field mapping ----------------------------------------------------------------

@@ -24,6 +24,7 @@ from rotation.eligibility import MemberFacts
 from rotation.models import Group, Rep, RotationState, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
 from routing_project import configcache, metrics
+from routing_project.db import on_a_live_connection
 from routing_project.logging import request_id_var
 
 from . import batching, notify, ownership, routing, routing_sql, scheduling
@@ -170,10 +171,14 @@ def idempotency_claim(*, client: ApiClient, key: str, fingerprint: str) -> Repla
 
 def idempotency_release(record: IdempotencyRecord) -> None:
     """The request failed without writing anything: the key may be used again (unless a retry
-    took it over meanwhile: its claim is not this request's to free)."""
-    IdempotencyRecord.objects.filter(
-        pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT, created_at=record.created_at
-    ).delete()
+    took it over meanwhile: its claim is not this request's to free). On a new connection if
+    the failure was the connection's (PostgreSQL restarted): left in flight, the key would
+    answer the retry the 503 asks for with 409 until it goes stale."""
+    on_a_live_connection(
+        lambda: IdempotencyRecord.objects.filter(
+            pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT, created_at=record.created_at
+        ).delete()
+    )
 
 
 def _idempotency_store(record: IdempotencyRecord | None, *, status: int, body: bytes, lead: Lead) -> None:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
-from django.db import connection
+from django.db import DatabaseError, connection
+
+T = TypeVar("T")
+
+# Seconds to wait before each try: a dropped connection is replaced at once, a restart
+# that takes a moment longer is waited for, about 1.7 s in all.
+RECONNECT_DELAYS_S = (0.0, 0.2, 0.5, 1.0)
 
 
 def server_bound_cursor() -> Any:
@@ -22,3 +30,19 @@ def server_bound_cursor() -> Any:
     connection.validate_thread_sharing()
     raw: Any = psycopg.Cursor(connection.connection)  # django-stubs types these wrappers' argument too narrowly
     return connection.make_debug_cursor(raw) if connection.queries_logged else connection.make_cursor(raw)
+
+
+def on_a_live_connection(write: Callable[[], T]) -> T:
+    """Runs `write` (outside a transaction), on a new connection when the current one died:
+    for the clean-up a failed request must leave behind even when the failure was the
+    database connection itself (PostgreSQL restarted, the connection dropped), such as
+    releasing an idempotency key or a signature claimed for the request."""
+    for attempt, delay in enumerate(RECONNECT_DELAYS_S):
+        time.sleep(delay)
+        try:
+            return write()
+        except DatabaseError:
+            if attempt == len(RECONNECT_DELAYS_S) - 1 or connection.in_atomic_block:
+                raise
+            connection.close()  # a dead connection is not reused: the next query opens one
+    raise AssertionError("unreachable")

@@ -286,3 +286,35 @@ def test_group_deactivated_while_waiting_for_the_lock_queues_the_lead(make_group
 
     run_threads(3, lambda i: (holder, requester, controller)[i](i))
     assert outcome["body"]["status"] == "queued" and "inactive" in outcome["body"]["queue_reason"]
+
+
+def test_a_connection_dropped_during_intake_leaves_the_key_free_for_the_retry(make_group, monkeypatch, settings):
+    """PostgreSQL restarted (here: the request's connection terminated) after the key was
+    claimed, before the lead was written: the 503 says retry in 2 s, and the retry must not
+    find the key 'still in flight' (409) for the minute it takes to go stale."""
+    from leads import services as lead_services
+    from routing_project import configcache
+    from tests.ops.test_pool_check import terminate
+
+    settings.INTAKE_BATCH_MAX = 1  # routed on this request's connection, the one dropped
+    configcache.clear()  # not answered again under a newer configuration: the 503 stands
+    make_group(2, slug="g")
+    _client, token = api_client_with(["intake"])
+    intake = lead_services.lead_intake
+    dropped: list[int] = []
+
+    def intake_after_a_restart(**kwargs):
+        if not dropped:
+            dropped.append(connection.connection.info.backend_pid)
+            terminate(dropped)
+        return intake(**kwargs)
+
+    monkeypatch.setattr(lead_services, "lead_intake", intake_after_a_restart)
+    body = {"email": "restart@x.example", "group": "g"}
+    first = post(http_client(token), body, **{"Idempotency-Key": "k-restart"})
+    assert first.status_code == 503 and first["Retry-After"], first.content
+    connection.close()  # this thread's connection is the request's: the dead one
+    assert dropped and not IdempotencyRecord.objects.exists()
+    retry = post(http_client(token), body, **{"Idempotency-Key": "k-restart"})
+    assert retry.status_code == 201, retry.content
+    assert Lead.objects.count() == 1
