@@ -1,13 +1,21 @@
 import json
+from typing import Any
 
 from django.contrib import admin
-from django.db import models
+from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from audit.models import AuditEvent
+from audit.services import audit_record
+
 from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
 
 
 @admin.register(WebhookEndpoint)
@@ -28,6 +36,25 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     def secret_hint(self, obj: WebhookEndpoint) -> str:
         return f"{obj.secret[:4]}…" if obj.pk else "generated on save, shown once"
 
+    def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
+        # Where every lead's contact data is sent: who created or re-pointed it is audited.
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            if change:
+                fields = [f for f in form.changed_data if f in ("group", "url", "active")]
+                if not fields:
+                    return
+                values = {f: obj.group.slug if f == "group" else getattr(obj, f) for f in fields}
+                explanation = {"webhook_endpoint": obj.pk, "change": "edited", "fields": values}
+            else:
+                explanation = {"webhook_endpoint": obj.pk, "change": "created", "url": obj.url, "active": obj.active}
+            audit_record(
+                type=AuditEvent.Type.CLIENT_CHANGED,
+                actor=_actor(request),
+                group=obj.group.slug,
+                explanation=explanation,
+            )
+
     def response_add(
         self, request: HttpRequest, obj: WebhookEndpoint, post_url_continue: str | None = None
     ) -> HttpResponse:
@@ -36,9 +63,16 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     @admin.action(description="Rotate the signing secret", permissions=["change"])
     def rotate_secret(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> HttpResponse:
         items = []
-        for endpoint in queryset:
-            endpoint.secret = new_secret()
-            endpoint.save(update_fields=["secret"])
+        for endpoint in queryset.select_related("group"):
+            with transaction.atomic():
+                endpoint.secret = new_secret()
+                endpoint.save(update_fields=["secret"])
+                audit_record(
+                    type=AuditEvent.Type.CLIENT_CHANGED,
+                    actor=_actor(request),
+                    group=endpoint.group.slug,
+                    explanation={"webhook_endpoint": endpoint.pk, "change": "secret rotated"},
+                )
             items.append((endpoint.url, endpoint.secret))
         return self._show(
             request, "Secrets rotated", items, note="Deliveries are signed with the new secret from now on."

@@ -347,3 +347,44 @@ def test_deliveries_have_a_queue_of_their_own_apart_from_sla_timers():
 
     assert {queue(n) for n in ("notifications.delivery_send", "notifications.outbox_drain")} == {"notify"}
     assert {queue(n) for n in ("leads.tasks.escalate_assignment", "leads.tasks.drain_group")} == {"celery"}
+
+
+def test_endpoints_created_pointed_elsewhere_or_rotated_in_the_admin_are_audited(admin_client, make_group):
+    """A webhook endpoint receives every lead's contact data: creating one, pointing it at
+    another URL and rotating its secret are client.changed events (never the secret), as
+    the same changes to API clients and intake sources are."""
+    from audit.models import AuditEvent
+
+    group, _ = make_group(1, slug="emea")
+    admin_client.post(
+        "/admin/notifications/webhookendpoint/add/",
+        {"group": group.pk, "url": "https://crm.example/hook", "active": "on"},
+    )
+    endpoint = WebhookEndpoint.objects.get()
+    r = admin_client.post(
+        f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/",
+        {"group": group.pk, "url": "https://elsewhere.example/collect", "active": "on"},
+    )
+    assert r.status_code == 302
+    admin_client.post(
+        "/admin/notifications/webhookendpoint/", {"action": "rotate_secret", "_selected_action": [endpoint.pk]}
+    )
+    events = list(AuditEvent.objects.filter(type="client.changed").order_by("id"))
+    assert [(e.group, e.explanation) for e in events] == [
+        (
+            "emea",
+            {"webhook_endpoint": endpoint.pk, "change": "created", "url": "https://crm.example/hook", "active": True},
+        ),
+        (
+            "emea",
+            {
+                "webhook_endpoint": endpoint.pk,
+                "change": "edited",
+                "fields": {"url": "https://elsewhere.example/collect"},
+            },
+        ),
+        ("emea", {"webhook_endpoint": endpoint.pk, "change": "secret rotated"}),
+    ]
+    assert all(e.actor.startswith("admin:") for e in events)
+    endpoint.refresh_from_db()
+    assert endpoint.secret not in str([e.explanation for e in events])
