@@ -202,6 +202,8 @@ def leads_import(
     reader = csv.reader(lines, strict=True)
     try:
         header = next(reader)
+        while not any(cell.strip() for cell in header):  # blank lines above the header
+            header = next(reader)
     except StopIteration:
         raise ImportFormatError("The file is empty: it needs a header row naming the columns.") from None
     columns = _check_header(header)
@@ -375,15 +377,17 @@ def _check_header(header: list[str]) -> list[str]:
     # Column names in any case; an attribute's key as written (the API keeps its case, and a
     # rule on attributes.<Key> must match imported leads as it matches posted ones).
     columns = [_column_name(h) for h in header]
+    # A column without a name (spreadsheets write `email,group,` with a trailing delimiter) is
+    # ignored; a value in it is a bad row (`_validate`).
     unknown = [
-        c for c in columns if c not in COLUMNS and not (c.startswith(ATTRIBUTE_PREFIX) and c != ATTRIBUTE_PREFIX)
+        c for c in columns if c and c not in COLUMNS and not (c.startswith(ATTRIBUTE_PREFIX) and c != ATTRIBUTE_PREFIX)
     ]
     problems = []
     if unknown:
         problems.append(f"unknown columns: {', '.join(repr(c) for c in unknown[:20])}")
     if "email" not in columns:
         problems.append("the required column 'email' is missing")
-    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    repeated = sorted({c for c in columns if c and columns.count(c) > 1})
     if repeated:
         problems.append(f"repeated columns: {', '.join(repeated)}")
     if problems:
@@ -410,9 +414,12 @@ def _validate(
     if any(_UNDECODED.search(c) for c in cells):
         # The bytes `csv_text` could not read as UTF-8 (kept as lone surrogates, never stored).
         errors["row"] = [*errors.get("row", []), "Not UTF-8 text: save the file as UTF-8 (CSV UTF-8)."]
-    for name, value in zip(columns, cells, strict=False):
+    for place, (name, value) in enumerate(zip(columns, cells, strict=False), start=1):
         value = value.strip()
         if not value:
+            continue
+        if not name:
+            errors["row"] = [*errors.get("row", []), f"A value in column {place}, which has no name in the header."]
             continue
         raw[name] = value
         if name.startswith(ATTRIBUTE_PREFIX):

@@ -70,6 +70,22 @@ def test_header_problems_stop_the_import_before_anything_is_written(make_group):
     assert not Lead.objects.exists()
 
 
+def test_blank_lines_above_the_header_and_unnamed_trailing_columns_are_read_as_spreadsheets_write_them(make_group):
+    make_group(1, slug="emea")
+    text = io.StringIO(
+        "\n \n"
+        "external_id,email,group,\n"  # a trailing delimiter: a column without a name
+        "b-1,one@customer.example,emea,\n"
+        "b-2,two@customer.example,emea,stray\n"
+    )
+    report = run(text)
+    assert (report.rows, report.imported, report.invalid) == (2, 1, 1)
+    assert [(e.line, e.errors) for e in report.errors] == [
+        (5, {"row": ["A value in column 4, which has no name in the header."]})
+    ]
+    assert list(Lead.objects.values_list("external_id", flat=True)) == ["b-1"]
+
+
 def test_rotation_across_batches_is_exact_and_explained_like_intake(make_group, post_lead):
     group, reps = make_group(3, slug="emea")
     report = run(csv_of(*good_rows(7)), batch_size=2)
