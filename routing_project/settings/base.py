@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -122,6 +123,9 @@ ROUTING_MAX_RETRIES = env.int("ROUTING_MAX_RETRIES", default=3)
 INTAKE_BATCH_MAX = env.int("INTAKE_BATCH_MAX", default=32)
 # Idempotency keys are kept at least this long (SPEC: at least 24 hours).
 IDEMPOTENCY_TTL_HOURS = env.int("IDEMPOTENCY_TTL_HOURS", default=48)
+if IDEMPOTENCY_TTL_HOURS < 24:
+    # A retry the day after must still be answered from its key, never taken in again.
+    raise ImproperlyConfigured(f"IDEMPOTENCY_TTL_HOURS is {IDEMPOTENCY_TTL_HOURS}: keys are kept at least 24 hours.")
 # An in-flight idempotency record older than this is considered abandoned (crashed worker).
 IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S = env.int("IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S", default=60)
 MAX_REQUEST_BODY_BYTES = 64 * 1024

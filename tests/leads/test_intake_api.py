@@ -1,6 +1,7 @@
 """The POST /api/v1/leads/ contract of SPEC 6, response by response."""
 
 import json
+import os
 
 import pytest
 
@@ -503,3 +504,15 @@ def test_idempotency_keys_are_kept_for_their_retention_then_purged(api, make_gro
     assert again.status_code == 200 and again.content == first.content
     assert idempotency_purge(now=timezone.now() + timedelta(hours=25)) == 1
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_a_retention_of_idempotency_keys_under_24_hours_is_refused_at_start():
+    import subprocess
+    import sys
+
+    env = {**os.environ, "IDEMPOTENCY_TTL_HOURS": "12", "DJANGO_SETTINGS_MODULE": "routing_project.settings.base"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0
+    assert "IDEMPOTENCY_TTL_HOURS is 12: keys are kept at least 24 hours." in done.stderr
