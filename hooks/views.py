@@ -99,19 +99,20 @@ class HookView(APIView):
         if intake_source is None:
             raise exceptions.NotFound("No active intake source with this slug.")
         body = request.body
-        # An address sending bad signatures is cut off for the rest of the minute (429): each
-        # try costs an HMAC and a look-up, and guessing is what they look like.
+        # An address sending bad signatures is cut off for the rest of the minute (429), so
+        # guessing a secret gets no answer; a good signature is taken whatever its address
+        # sent before (behind a proxy, every form shares one).
         failures_key = f"hookfail:{request.META.get('REMOTE_ADDR') or '-'}"
         limit = settings.HOOK_SIGNATURE_FAILURES_PER_ADDRESS
-        if rate_limit_count(key=failures_key) >= limit:
-            raise exceptions.Throttled(
-                wait=60 - int(time.time()) % 60, detail="Too many requests with a bad signature from this address."
-            )
         try:
             signature = services.hook_verify(
                 source=intake_source, header=request.headers.get("X-Signature", ""), body=body
             )
         except services.SignatureError as exc:
+            if rate_limit_count(key=failures_key) >= limit:
+                raise exceptions.Throttled(
+                    wait=60 - int(time.time()) % 60, detail="Too many requests with a bad signature from this address."
+                ) from None
             logger.warning("hook rejected: source=%s reason=%s", intake_source.slug, exc)
             rate_limit_hit(key=failures_key, limit=limit)
             raise exceptions.AuthenticationFailed(str(exc)) from None
