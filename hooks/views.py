@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpResponse
@@ -126,25 +127,22 @@ class HookView(APIView):
         verdict = rate_limit_hit(key=key, limit=intake_source.rate_limit_per_minute)
         if not verdict.allowed:
             raise exceptions.Throttled(wait=verdict.retry_after)
-        try:
-            payload = services.hook_parse(body=body, content_type=request.content_type or "")
-        except services.UnsupportedBody as exc:
-            raise UnsupportedMediaType(str(exc)) from None
-        except services.BadBody as exc:
-            raise exceptions.ParseError(str(exc)) from None
-        # Form fields arrive as text ("50" for a score), form-encoded or as JSON: coerced, not refused.
-        incoming = LeadInSerializer(
-            data=services.hook_map(source=intake_source, payload=payload), context={"lenient_types": True}
-        )
-        incoming.is_valid(raise_exception=True)
-        data = dict(incoming.validated_data)
-        requested = data.pop("group", None)
-
+        # Claimed before the body is read: a refused body (400, 415) keeps its signature used,
+        # or replaying it would spend the source's budget again and again. A request that
+        # fails for want of the service (503) releases it for the retry.
         try:
             delivery = services.hook_claim(source=intake_source, signature=signature)
         except services.SignatureError as exc:
             logger.warning("hook rejected: source=%s reason=%s", intake_source.slug, exc)
             raise exceptions.AuthenticationFailed(str(exc)) from None
+        try:
+            data, payload = self._lead_data(intake_source, body, request.content_type or "")
+        except (UnsupportedMediaType, exceptions.ParseError, exceptions.ValidationError):
+            raise  # the client's: the signature stays used
+        except BaseException:
+            services.hook_release(delivery=delivery)
+            raise
+        requested = data.pop("group", None)
         try:
             result = lead_services.lead_intake(
                 data=data,
@@ -167,6 +165,22 @@ class HookView(APIView):
         response = HttpResponse(result.body, status=result.status_code, content_type="application/json")
         response["Location"] = f"/api/v1/leads/{result.lead.id}/"
         return response
+
+    @staticmethod
+    def _lead_data(source: IntakeSource, body: bytes, content_type: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The lead's validated fields and the payload as posted."""
+        try:
+            payload = services.hook_parse(body=body, content_type=content_type)
+        except services.UnsupportedBody as exc:
+            raise UnsupportedMediaType(str(exc)) from None
+        except services.BadBody as exc:
+            raise exceptions.ParseError(str(exc)) from None
+        # Form fields arrive as text ("50" for a score), form-encoded or as JSON: coerced, not refused.
+        incoming = LeadInSerializer(
+            data=services.hook_map(source=source, payload=payload), context={"lenient_types": True}
+        )
+        incoming.is_valid(raise_exception=True)
+        return dict(incoming.validated_data), payload
 
     def get_authenticate_header(self, request: Request) -> str:
         return 'HMAC-SHA256 header="X-Signature"'

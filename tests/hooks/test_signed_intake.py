@@ -179,12 +179,12 @@ def test_unknown_or_inactive_source_is_404(source):
     assert post_signed(source, b'{"email": "a@b.example"}').status_code == 404
 
 
-def test_validation_errors_are_400_naming_the_field_and_release_nothing(source, make_group):
+def test_validation_errors_are_400_naming_the_field_and_keep_the_signature_used(source, make_group):
     make_group(1, slug="emea", is_default=True)
     r = post_signed(source, b'{"fname": "NoEmail", "score": "900"}')
     assert r.status_code == 400
     assert set(r.json()) == {"email", "score"}
-    assert Lead.objects.count() == 0 and HookDelivery.objects.count() == 0
+    assert Lead.objects.count() == 0 and HookDelivery.objects.count() == 1
 
 
 @pytest.mark.parametrize(
@@ -249,6 +249,23 @@ def test_replays_of_a_captured_request_cannot_use_up_the_sources_budget(source, 
         201,
     ]
     assert Lead.objects.count() == 3
+
+
+def test_replays_of_a_refused_request_cannot_use_up_the_sources_budget(source, make_group):
+    """A body refused (400, 415) kept its signature free: a captured one could be replayed for
+    five minutes, each replay spending one of the source's posts."""
+    make_group(1, slug="emea", is_default=True)
+    IntakeSource.objects.filter(pk=source.pk).update(rate_limit_per_minute=3)
+    start_of_a_window(3)
+    for body, content_type, refused in (
+        (b'{"email": "not-an-address"}', "application/json", 400),
+        (b"email=x", "text/plain", 415),
+    ):
+        header = services.sign(secret=source.test_secret, body=body, timestamp=int(time.time()))
+        codes = [post_signed(source, body, header=header, content_type=content_type).status_code for _ in range(3)]
+        assert codes == [refused, 401, 401]
+    assert post_signed(source, b'{"email": "real@acme.example"}').status_code == 201
+    assert Lead.objects.count() == 1
 
 
 def test_field_map_is_validated():
