@@ -58,3 +58,14 @@ def child_exit(server, worker):  # type: ignore[no-untyped-def]
 def on_exit(server):  # type: ignore[no-untyped-def]
     if _own_metrics_dir:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+def post_worker_init(worker):  # type: ignore[no-untyped-def]
+    # gunicorn's own loggers write past Django's handlers: the same redaction as every other
+    # log line, so an access log (WEB_ACCESS_LOG) never holds an address from a query string.
+    import logging
+
+    from security.redaction import RedactingFilter
+
+    for name in ("gunicorn.access", "gunicorn.error"):
+        logging.getLogger(name).addFilter(RedactingFilter())

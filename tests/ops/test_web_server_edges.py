@@ -4,6 +4,7 @@ HEAD (the GET headers, no body)."""
 
 import http.client
 import json
+import time
 
 import pytest
 
@@ -43,3 +44,18 @@ def test_head_probes_get_the_get_headers_and_no_body_and_no_warning(tmp_path):
     assert answers["HEAD"] == (200, answers["GET"][1], b"")
     assert answers["GET"][2] and int(answers["GET"][1]) == len(answers["GET"][2])
     assert "no-body response" not in log, log
+
+
+def test_gunicorns_access_log_is_redacted_as_every_other_log(tmp_path):
+    access = tmp_path / "access.log"
+    with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2", WEB_ACCESS_LOG=str(access)) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/admin/leads/lead/?q=zelda%40customer.example&phone=555-123-4567")
+        conn.getresponse().read()
+        conn.close()
+        deadline = time.monotonic() + 5
+        while "[redacted]" not in access.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    logged = access.read_text()
+    assert "GET " in logged and "[redacted]" in logged, logged
+    assert "zelda" not in logged and "555-123-4567" not in logged, logged
