@@ -14,10 +14,12 @@ The worker class is gthread's, taking new connections in turn with its siblings 
 connections) so that keep-alive clients spread evenly: routing_project/web_worker.py.
 """
 
+import copy
 import multiprocessing
 import os
 import shutil
 import tempfile
+from typing import Any
 
 workers = int(os.environ.get("WEB_WORKERS", multiprocessing.cpu_count()))
 threads = int(os.environ.get("WEB_THREADS", 8))
@@ -39,6 +41,23 @@ control_socket = os.environ.get("WEB_CONTROL_SOCKET") or os.path.join(tempfile.g
 _own_metrics_dir = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
 if _own_metrics_dir:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="leadrouter-metrics-")
+
+
+def _logconfig() -> dict[str, Any]:
+    """The product's logging (settings.LOGGING: JSON under LOG_FORMAT=json, the redacting
+    filter) for gunicorn's own lines too. They would otherwise go to stderr as they are, and
+    a malformed request is logged with the part gunicorn could not parse: an email in a URL or
+    a header, unredacted."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routing_project.settings.local")  # as wsgi.py
+    from django.conf import settings
+
+    config = copy.deepcopy(settings.LOGGING)
+    own = {"handlers": ["console"], "level": "INFO", "propagate": False}
+    config["loggers"] = {**config.get("loggers", {}), "gunicorn.error": own, "gunicorn.access": dict(own)}
+    return config
+
+
+logconfig_dict = _logconfig()
 
 
 def on_starting(server):  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ HEAD (the GET headers, no body)."""
 
 import http.client
 import json
+import socket
 import time
 
 import pytest
@@ -59,3 +60,20 @@ def test_gunicorns_access_log_is_redacted_as_every_other_log(tmp_path):
     logged = access.read_text()
     assert "GET " in logged and "[redacted]" in logged, logged
     assert "zelda" not in logged and "555-123-4567" not in logged, logged
+
+
+def test_the_web_servers_own_lines_are_json_and_redacted(tmp_path):
+    # gunicorn logs a malformed request with the part it could not parse: its own lines must
+    # go through the product's handler (JSON, redaction), never to stderr as they are.
+    with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2") as server:
+        for raw in (b"GET /x?email=leaked@customer.example\r\n\r\n", b"JANE@CUSTOMER.EXAMPLE /x HTTP/1.1\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+                conn.sendall(raw)
+                assert conn.recv(100).startswith(b"HTTP/1.1 400")
+        deadline = time.monotonic() + 10
+        while server.log.read_text(errors="replace").count("Invalid") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log = server.log.read_text(errors="replace")
+    assert "customer.example" not in log.lower(), log
+    lines = [json.loads(line) for line in log.splitlines() if "Invalid" in line]
+    assert len(lines) == 2 and all(line["logger"] == "gunicorn.error" for line in lines), log
