@@ -68,9 +68,10 @@ def on_starting(server):  # type: ignore[no-untyped-def]
 def child_exit(server, worker):  # type: ignore[no-untyped-def]
     from prometheus_client import multiprocess
 
+    from routing_project.metrics import process_identifier
     from routing_project.web_worker import release_row
 
-    multiprocess.mark_process_dead(worker.pid)
+    multiprocess.mark_process_dead(process_identifier(worker.pid))
     release_row(worker.pid)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -30,6 +31,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
     multiprocess,
+    values,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -37,6 +39,20 @@ from prometheus_client.registry import Collector
 logger = logging.getLogger(__name__)
 
 NO_GROUP = "none"
+
+
+def process_identifier(pid: int | None = None) -> str:
+    """The name of a process's sample files in PROMETHEUS_MULTIPROC_DIR: its host and pid.
+    docker-compose.yml shares one directory between the web, worker and beat containers, and
+    each container numbers its processes from 1: by pid alone (prometheus-client's default)
+    two processes wrote into one file, each overwriting the samples the other added."""
+    host = socket.gethostname().replace("_", "-")  # "_" separates the parts of a file name
+    return f"{host}-{os.getpid() if pid is None else pid}"
+
+
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    # Before any metric below is made: each one takes its value class when it is created.
+    values.ValueClass = values.MultiProcessValue(process_identifier=process_identifier)
 
 # Latency buckets for a transaction that should take a few milliseconds and must stay well
 # under the lock timeout (2 s by default).

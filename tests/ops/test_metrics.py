@@ -129,6 +129,45 @@ def test_multiprocess_mode_sums_the_samples_of_every_process(tmp_path):
     assert value(samples, "leadrouter_rotation_lock_wait_seconds_count") == 2
 
 
+def test_processes_of_two_containers_with_one_pid_keep_their_own_samples(tmp_path):
+    """docker-compose.yml shares one directory between the web, worker and beat containers,
+    and each container numbers its processes from 1: two processes with one pid, on two
+    hosts, must not write into one file (each would overwrite the samples the other adds)."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "samples")}
+    os.mkdir(env["PROMETHEUS_MULTIPROC_DIR"])
+    write = textwrap.dedent(
+        """
+        import os, socket, sys, time
+        os.getpid = lambda: 7  # before prometheus_client reads it: the same pid in both
+        socket.gethostname = lambda: sys.argv[1]
+        from routing_project import metrics
+        me, other = sys.argv[1], sys.argv[2]
+        metrics.lead_received(group=me + "-first")
+        open(os.path.join(sys.argv[3], me), "w").close()
+        while not os.path.exists(os.path.join(sys.argv[3], other)):
+            time.sleep(0.01)
+        metrics.lead_received(group=me + "-second")
+        metrics.escalation_recorded(group=me, outcome="queued")
+        """
+    )
+    hosts = ("web", "worker")
+    processes = [
+        subprocess.Popen([sys.executable, "-c", write, me, other, str(tmp_path)], env=env, cwd=os.getcwd())
+        for me, other in (hosts, hosts[::-1])
+    ]
+    assert [p.wait(timeout=60) for p in processes] == [0, 0]
+    read = "from routing_project import metrics; print(metrics.exposition().decode())"
+    out = subprocess.run([sys.executable, "-c", read], env=env, check=True, capture_output=True, text=True).stdout
+    samples = {}
+    for family in text_string_to_metric_families(out):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    for host in hosts:
+        assert value(samples, "leadrouter_leads_received_total", group=f"{host}-first") == 1, out
+        assert value(samples, "leadrouter_leads_received_total", group=f"{host}-second") == 1, out
+        assert value(samples, "leadrouter_escalations_total", group=host, outcome="queued") == 1, out
+
+
 @pytest.mark.django_db(transaction=True)
 def test_lock_held_is_observed_at_commit(make_group, post_lead):
     """The time the rotation row stays locked (acquire to COMMIT): a hot group's capacity."""
