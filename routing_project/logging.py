@@ -3,6 +3,7 @@
 import contextvars
 import json
 import logging
+import logging.config
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,3 +44,11 @@ class JsonFormatter(logging.Formatter):
             # exc_text when a filter rendered it already (the redaction filter does).
             out["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(out, default=str, ensure_ascii=False)
+
+
+def configure(config: dict[str, Any]) -> None:
+    """LOGGING_CONFIG: Django's dictConfig, and Python's warnings as records of `py.warnings`
+    (Django 5 no longer captures them), so that a library's warning goes through the same
+    handler as every other line: JSON under LOG_FORMAT=json, redacted."""
+    logging.config.dictConfig(config)
+    logging.captureWarnings(True)

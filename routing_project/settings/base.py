@@ -330,6 +330,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 
+LOGGING_CONFIG = "routing_project.logging.configure"  # dictConfig, and warnings as records
 LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,

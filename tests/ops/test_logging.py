@@ -2,6 +2,9 @@
 
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -97,3 +100,14 @@ def test_structured_fields_of_any_shape_are_redacted():
     out = json.loads(JsonFormatter().format(record))
     assert out["data"] == {"to": ["[redacted]"], "n": 3, "nested": {"phone": "[redacted]"}}
     assert out["target"] == ["[redacted]", 5]
+
+
+def test_python_warnings_are_log_records_json_and_redacted():
+    # A library's warning (Celery's, staticfiles') went to stderr as text, outside the
+    # handler: not JSON under LOG_FORMAT=json, and not redacted.
+    script = "import django, warnings; django.setup(); warnings.warn('a warning naming jane@customer.example')"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "routing_project.settings.local", "LOG_FORMAT": "json"}
+    err = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True).stderr
+    assert "customer.example" not in err, err
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert [line["logger"] for line in lines] == ["py.warnings"], err
