@@ -39,6 +39,8 @@ from prometheus_client.registry import Collector
 logger = logging.getLogger(__name__)
 
 NO_GROUP = "none"
+# Read once: prometheus-client asks for the identifier on every sample it writes.
+_HOST = socket.gethostname().replace("_", "-")  # "_" separates the parts of a file name
 
 
 def process_identifier(pid: int | None = None) -> str:
@@ -46,8 +48,7 @@ def process_identifier(pid: int | None = None) -> str:
     docker-compose.yml shares one directory between the web, worker and beat containers, and
     each container numbers its processes from 1: by pid alone (prometheus-client's default)
     two processes wrote into one file, each overwriting the samples the other added."""
-    host = socket.gethostname().replace("_", "-")  # "_" separates the parts of a file name
-    return f"{host}-{os.getpid() if pid is None else pid}"
+    return f"{_HOST}-{os.getpid() if pid is None else pid}"
 
 
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
