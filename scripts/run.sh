@@ -23,12 +23,13 @@ cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
 # Two workers: routing (SLA timers, queue drains) and notifications (webhooks, e-mails), so
-# that a slow webhook receiver never delays an escalation.
-"$VENV/bin/celery" -A routing_project worker -Q celery -n "routing.$PORT@%h" --loglevel INFO --concurrency 2 >var/log/worker.log 2>&1 &
+# that a slow webhook receiver never delays an escalation. --quiet: no start-up banner, which
+# Celery prints outside logging (not JSON under LOG_FORMAT=json).
+"$VENV/bin/celery" -A routing_project --quiet worker -Q celery -n "routing.$PORT@%h" --loglevel INFO --concurrency 2 >var/log/worker.log 2>&1 &
 pids+=($!)
-"$VENV/bin/celery" -A routing_project worker -Q notify -n "notify.$PORT@%h" --loglevel INFO --concurrency 2 >var/log/notify-worker.log 2>&1 &
+"$VENV/bin/celery" -A routing_project --quiet worker -Q notify -n "notify.$PORT@%h" --loglevel INFO --concurrency 2 >var/log/notify-worker.log 2>&1 &
 pids+=($!)
-"$VENV/bin/celery" -A routing_project beat --loglevel INFO --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
+"$VENV/bin/celery" -A routing_project --quiet beat --loglevel INFO --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
 pids+=($!)
 echo "Worker and beat started (logs in var/log/, e-mails to reps in var/mail/). Web on http://$HOST:$PORT/ (Ctrl-C stops everything)."
 "$VENV/bin/gunicorn" routing_project.wsgi:application --config gunicorn.conf.py --bind "$HOST:$PORT" &
