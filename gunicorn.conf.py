@@ -29,6 +29,7 @@ keepalive = 5
 max_requests = 10000
 max_requests_jitter = 1000
 accesslog = os.environ.get("WEB_ACCESS_LOG", None)
+logger_class = "routing_project.web_worker.AccessLogger"  # its access lines only on WEB_ACCESS_LOG
 # gunicorn's control socket defaults to one path per user (~/.gunicorn/gunicorn.ctl), shared by
 # every instance on the host: stopping one removed another's. Nothing here uses it.
 control_socket_disable = os.environ.get("WEB_CONTROL_SOCKET", "") == ""
@@ -53,7 +54,18 @@ def _logconfig() -> dict[str, Any]:
 
     config = copy.deepcopy(settings.LOGGING)
     own = {"handlers": ["console"], "level": "INFO", "propagate": False}
-    config["loggers"] = {**config.get("loggers", {}), "gunicorn.error": own, "gunicorn.access": dict(own)}
+    access = dict(own)
+    if accesslog:  # WEB_ACCESS_LOG: gunicorn's access lines to a file ("-": stdout), redacted too
+        config["handlers"]["access"] = {
+            **config["handlers"]["console"],
+            **(
+                {"class": "logging.StreamHandler", "stream": "ext://sys.stdout"}
+                if accesslog == "-"
+                else {"class": "logging.FileHandler", "filename": accesslog}
+            ),
+        }
+        access["handlers"] = ["access"]
+    config["loggers"] = {**config.get("loggers", {}), "gunicorn.error": own, "gunicorn.access": access}
     return config
 
 
@@ -81,17 +93,10 @@ def on_exit(server):  # type: ignore[no-untyped-def]
 
 
 def post_worker_init(worker):  # type: ignore[no-untyped-def]
-    # gunicorn's own loggers write past Django's handlers: the same redaction as every other
-    # log line, so an access log (WEB_ACCESS_LOG) never holds an address from a query string.
     import gc
-    import logging
 
     from django.urls import get_resolver
 
-    from security.redaction import RedactingFilter
-
-    for name in ("gunicorn.access", "gunicorn.error"):
-        logging.getLogger(name).addFilter(RedactingFilter())
     # The application as loaded (URLs, views, serializers: about 120,000 objects) is set
     # apart from the garbage collector: a full collection then scans only what requests
     # left behind. Scanning them all paused the worker, every thread of it, for 100-250 ms

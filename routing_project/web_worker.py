@@ -22,6 +22,7 @@ import multiprocessing
 import os
 from typing import Any
 
+from gunicorn import glogging
 from gunicorn.workers.gthread import ThreadWorker
 
 MAX_WORKERS = 64
@@ -113,3 +114,18 @@ class BalancedThreadWorker(ThreadWorker):
         if self.row is not None:
             _conns[self.row] = _NOT_LISTENING
         super().handle_exit(sig, frame)
+
+
+class AccessLogger(glogging.Logger):
+    """gunicorn's logger, its lines handed to the product's logging (gunicorn.conf.py:
+    `logconfig_dict`). gunicorn takes any logging configuration as a wish for its access
+    lines: the product writes its own (JSON, with the request id), so gunicorn's are built and
+    written only when WEB_ACCESS_LOG asks for them."""
+
+    @property
+    def access_log_enabled(self) -> bool:
+        return bool(self.cfg.accesslog)
+
+    def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
+        if self.cfg.accesslog:
+            super().access(resp, req, environ, request_time)

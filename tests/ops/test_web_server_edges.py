@@ -77,3 +77,21 @@ def test_the_web_servers_own_lines_are_json_and_redacted(tmp_path):
     assert "customer.example" not in log.lower(), log
     lines = [json.loads(line) for line in log.splitlines() if "Invalid" in line]
     assert len(lines) == 2 and all(line["logger"] == "gunicorn.error" for line in lines), log
+
+
+def test_without_an_access_log_gunicorn_writes_no_access_lines_of_its_own(tmp_path):
+    """The product writes one access line per request; gunicorn, handed the logging settings,
+    took them as a wish for its own and doubled every request's log (and its cost)."""
+    with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/api/v1/leads/")
+        conn.getresponse().read()
+        conn.close()
+        deadline = time.monotonic() + 5
+        while "/api/v1/leads/" not in server.log.read_text(errors="replace") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log = server.log.read_text(errors="replace")
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    access = [line["logger"] for line in lines if line["logger"].endswith(".access")]
+    assert access == ["routing_project.access"], log
+    assert not [line for line in lines if line["logger"] == "gunicorn.access"], log
