@@ -465,9 +465,17 @@ def _rep_facts(rep: Rep, now: datetime) -> MemberFacts:
     )
 
 
-def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str) -> Lead:
+def _still_queued(lead: Lead, only_queued: bool) -> None:
+    """From the fallback queue page: the lead must still be queued under its lock, or another
+    manager (or a drain) took it meanwhile and this action must not move it again."""
+    if only_queued and lead.status != LeadStatus.QUEUED:
+        raise LeadConflict(f"no longer in the queue (now {lead.status}: someone else acted on it first).")
+
+
+def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str, only_queued: bool = False) -> Lead:
     """A manager gives the lead to a rep by hand. The pointer does not move; the assignment
-    counts toward the rep's daily count; a cap may be exceeded, and the audit says so."""
+    counts toward the rep's daily count; a cap may be exceeded, and the audit says so.
+    `only_queued`: refuse (LeadConflict) a lead that is no longer in the fallback queue."""
     rep = Rep.objects.filter(pk=rep_id).first()
     if rep is None:
         raise ActionRejected({"rep": [f"No rep with id {rep_id}."]})
@@ -476,6 +484,7 @@ def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str) -> Lead
 
     def body() -> Lead:
         lead, state = _lock_lead_and_group(lead_id)
+        _still_queued(lead, only_queued)
         if lead.status == LeadStatus.CLOSED:
             raise LeadConflict(f"Lead {lead_id} is closed.")
         if lead.status in OPEN_STATUSES and lead.owner_id == rep_id:
@@ -543,7 +552,7 @@ def _lead_data(lead: Lead) -> dict[str, Any]:
     return data
 
 
-def lead_reroute(*, lead_id: int, actor: str) -> Lead:
+def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead:
     """Runs the rules and the rotation again (e.g. the territory changed): audited, and the
     only way a lead moves between groups."""
     from .services import lead_resolve_group  # intake's resolution, evaluated before any lock
@@ -563,6 +572,7 @@ def lead_reroute(*, lead_id: int, actor: str) -> Lead:
         lead = _lock_lead(lead_id)
         if lead is None:
             raise Lead.DoesNotExist(f"no lead {lead_id}")
+        _still_queued(lead, only_queued)
         if lead.status == LeadStatus.CLOSED:
             raise LeadConflict(f"Lead {lead_id} is closed.")
         now = timezone.now()
@@ -613,7 +623,7 @@ def lead_reroute(*, lead_id: int, actor: str) -> Lead:
     return _in_transaction(body)
 
 
-def lead_close(*, lead_id: int, outcome: str, actor: str) -> Lead:
+def lead_close(*, lead_id: int, outcome: str, actor: str, only_queued: bool = False) -> Lead:
     """Closes the lead with an outcome; an open lead's rep gets the capacity back."""
     if outcome not in Lead.Outcome.values:
         raise ActionRejected({"outcome": [f"Must be one of: {', '.join(Lead.Outcome.values)}."]})
@@ -622,6 +632,7 @@ def lead_close(*, lead_id: int, outcome: str, actor: str) -> Lead:
         lead = _lock_lead(lead_id)
         if lead is None:
             raise Lead.DoesNotExist(f"no lead {lead_id}")
+        _still_queued(lead, only_queued)
         if lead.status == LeadStatus.CLOSED:
             raise LeadConflict(f"Lead {lead_id} is already closed ({lead.outcome}).")
         now = timezone.now()

@@ -21,7 +21,7 @@ from django.utils.html import format_html
 from rotation.models import Rep
 
 from . import actions
-from .models import Lead
+from .models import Lead, QueuedLead
 from .routing import RoutingBusy
 
 
@@ -34,10 +34,22 @@ class AssignForm(forms.Form):
     reason = forms.CharField(max_length=500, help_text="Why, for the audit trail.")
 
 
+def _from_queue(modeladmin: admin.ModelAdmin) -> bool:
+    """On the fallback queue page an action applies only to leads still queued."""
+    return modeladmin.model is QueuedLead
+
+
 def _run_each(
     modeladmin: admin.ModelAdmin, request: HttpRequest, leads: Iterable[Lead], run: Callable[[Lead], Any], done: str
 ) -> None:
     ok, failed = 0, []
+    leads = list(leads)
+    if _from_queue(modeladmin) and request.POST.get("select_across") != "1":
+        # Selected on a page that is now stale: another manager (or a drain) took them meanwhile.
+        # Said, rather than silently doing nothing for them.
+        present = {lead.pk for lead in leads}
+        for pk in sorted({int(v) for v in request.POST.getlist(ACTION_CHECKBOX_NAME) if v.isdigit()} - present):
+            failed.append(f"#{pk}: no longer in the queue (someone else acted on it first).")
     for lead in leads:
         try:
             run(lead)
@@ -62,7 +74,9 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
             modeladmin,
             request,
             queryset.order_by("id"),
-            lambda lead: actions.lead_reassign(lead_id=lead.pk, rep_id=rep.pk, reason=reason, actor=actor),
+            lambda lead: actions.lead_reassign(
+                lead_id=lead.pk, rep_id=rep.pk, reason=reason, actor=actor, only_queued=_from_queue(modeladmin)
+            ),
             f"assigned to {rep.name}",
         )
         return None
@@ -87,7 +101,7 @@ def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QueryS
         modeladmin,
         request,
         queryset.order_by("id"),
-        lambda lead: actions.lead_reroute(lead_id=lead.pk, actor=actor),
+        lambda lead: actions.lead_reroute(lead_id=lead.pk, actor=actor, only_queued=_from_queue(modeladmin)),
         "routed again",
     )
 
@@ -99,7 +113,9 @@ def _close_action(outcome: str) -> Callable[[admin.ModelAdmin, HttpRequest, Quer
             modeladmin,
             request,
             queryset.order_by("id"),
-            lambda lead: actions.lead_close(lead_id=lead.pk, outcome=outcome, actor=actor),
+            lambda lead: actions.lead_close(
+                lead_id=lead.pk, outcome=outcome, actor=actor, only_queued=_from_queue(modeladmin)
+            ),
             f"closed as {outcome}",
         )
 

@@ -213,3 +213,41 @@ def test_a_csv_upload_imports_routes_and_lists_bad_lines(page: Page, live: str, 
     page.screenshot(path=os.path.join(SCREENSHOTS, "import.png"), full_page=True)
     owners = list(Lead.objects.order_by("id").values_list("external_id", "owner__name"))
     assert owners == [("up-1", "Jonas Weber"), ("up-4", "Klara Huber")]
+
+
+def test_two_managers_assign_the_same_queued_lead_the_second_is_told(browser, live: str):
+    """Two managers open "Assign to" on the same queued lead; the first one assigns it. The
+    second one's submit must say the lead left the queue, not report nothing (or move it)."""
+    group = GroupFactory(slug="latam", name="LatAm")
+    first_rep = RepFactory(name="Ana Souza")
+    RepFactory(name="Bruno Lima")
+    services.membership_add(group=group, rep=first_rep, actor="test", active=False)
+    _, token = api_client_create(name="form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "race@corp.example", "company": "Race Corp", "group": "latam"})
+    assert lead["status"] == "queued"
+    user_in("Managers", "manager-a")
+    user_in("Managers", "manager-b")
+
+    pages = []
+    for username in ("manager-a", "manager-b"):
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        page.set_default_timeout(15_000)
+        log_in(page, live, username)
+        page.goto(f"{live}/admin/leads/queuedlead/")
+        page.locator("#result_list tbody tr", has_text="Race Corp").locator("input.action-select").check()
+        page.select_option("select[name=action]", "assign_to_rep")
+        page.click("button[name=index]")
+        expect(page.locator("#content")).to_contain_text("Assign 1 lead to one rep")
+        pages.append(page)
+    for page, rep in zip(pages, ("Ana Souza", "Bruno Lima"), strict=True):
+        page.select_option("select[name=rep]", label=rep)
+        page.fill("[name=reason]", "covering the queue")
+        page.click("input[type=submit][value=Assign]")
+    expect(pages[0].locator(".messagelist")).to_contain_text("1 lead(s) assigned to Ana Souza")
+    expect(pages[1].locator(".messagelist .error")).to_contain_text(f"#{lead['id']}: no longer in the queue")
+
+    assigned = Lead.objects.get(pk=lead["id"])
+    assert (assigned.status, assigned.owner_id) == ("assigned", first_rep.id)
+    assert AuditEvent.objects.filter(lead_id=lead["id"], type="lead.reassigned").count() == 1
+    for page in pages:
+        page.context.close()

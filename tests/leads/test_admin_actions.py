@@ -94,3 +94,21 @@ def test_managers_without_change_permission_cannot_act(api, make_group, client, 
     assert client.get(f"/admin/leads/lead/{ids[0]}/reassign/").status_code == 403
     client.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids})
     assert Lead.objects.get(pk=ids[0]).status == "queued"
+
+
+def test_a_queue_action_leaves_alone_a_lead_taken_between_the_page_and_the_lock(api, make_group):
+    """The queue page's actions check, under the lead's lock, that it is still queued: a lead
+    another manager assigned after the page read it is neither moved again nor closed."""
+    from leads import actions
+
+    group, reps, ids = queued_leads(api, make_group, 1)
+    actions.lead_reassign(lead_id=ids[0], rep_id=reps[0].id, reason="first", actor="admin:a")
+    with pytest.raises(actions.LeadConflict, match="no longer in the queue"):
+        actions.lead_reassign(lead_id=ids[0], rep_id=reps[1].id, reason="second", actor="admin:b", only_queued=True)
+    with pytest.raises(actions.LeadConflict, match="no longer in the queue"):
+        actions.lead_close(lead_id=ids[0], outcome="disqualified", actor="admin:b", only_queued=True)
+    with pytest.raises(actions.LeadConflict, match="no longer in the queue"):
+        actions.lead_reroute(lead_id=ids[0], actor="admin:b", only_queued=True)
+    lead = Lead.objects.get(pk=ids[0])
+    assert (lead.status, lead.owner_id) == ("assigned", reps[0].id)
+    assert AuditEvent.objects.filter(lead_id=ids[0], type="lead.reassigned").count() == 1
