@@ -148,10 +148,12 @@ class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
 
     def save_formset(self, request: HttpRequest, form: Any, formset: BaseInlineFormSet, change: bool) -> None:
         actor = admin_actor(request)
-        instances = formset.save(commit=False)
+        formset.save(commit=False)
         for obj in formset.deleted_objects:
             services.absence_remove(absence=obj, actor=actor)
-        for obj in instances:
+        for obj, changed in formset.changed_objects:
+            services.absence_update(absence=obj, actor=actor, changed=changed)
+        for obj in formset.new_objects:
             services.absence_add(absence=obj, actor=actor)
 
 

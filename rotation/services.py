@@ -278,6 +278,27 @@ def absence_add(*, absence: Absence, actor: str) -> Absence:
 
 
 @transaction.atomic
+def absence_update(*, absence: Absence, actor: str, changed: Iterable[str]) -> Absence:
+    """An existing absence edited (the admin's inline): audited as a change with the values
+    before, and the queues drained since the rep may be back now, or at the new end."""
+    absence.full_clean()
+    change = _change(absence, changed)
+    absence.save()
+    if not change.fields:
+        return absence
+    group_ids = list(Membership.objects.filter(rep_id=absence.rep_id).values_list("group_id", flat=True))
+    capacity_freed(group_ids=group_ids)  # shortened, or moved later: the rep may be back already
+    capacity_frees_at(group_ids=group_ids, at=absence.ends_at)
+    audit_record(
+        type=AuditEvent.Type.ABSENCE_CHANGED,
+        actor=actor,
+        rep_id=absence.rep_id,
+        explanation=change.explanation(absence, id=absence.pk),
+    )
+    return absence
+
+
+@transaction.atomic
 def absence_remove(*, absence: Absence, actor: str) -> None:
     rep_id, absence_id = absence.rep_id, absence.pk
     absence.delete()

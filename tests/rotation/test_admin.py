@@ -168,3 +168,39 @@ def test_leads_cannot_be_added_or_deleted_in_the_admin(staff, api, make_group):
     assert staff.get("/admin/leads/lead/add/").status_code == 403
     assert staff.post(f"/admin/leads/lead/{lead_id}/delete/", {"post": "yes"}).status_code == 403
     assert Lead.objects.filter(pk=lead_id).exists()
+
+
+def test_editing_an_absence_in_the_admin_is_audited_as_a_change_with_its_before(staff):
+    """The rep page's absence inline: an edited absence is a change (with the values before),
+    not a second "created" event for the same absence."""
+    from datetime import UTC, datetime
+
+    from rotation.models import Absence
+
+    rep = RepFactory(name="Edsger Dijkstra", email="edsger@example.com")
+    absence = Absence.objects.create(
+        rep=rep, starts_at=datetime(2030, 1, 10, 9, tzinfo=UTC), ends_at=datetime(2030, 1, 12, 9, tzinfo=UTC)
+    )
+    form = {
+        "name": rep.name,
+        "email": rep.email,
+        "timezone": rep.timezone,
+        "active": "on",
+        "working_hours": "null",
+        **inline_management("absences", 1, 1),
+        "absences-0-id": str(absence.pk),
+        "absences-0-rep": str(rep.pk),
+        "absences-0-starts_at_0": "2030-01-10",
+        "absences-0-starts_at_1": "09:00:00",
+        "absences-0-ends_at_0": "2030-01-14",
+        "absences-0-ends_at_1": "09:00:00",
+        "absences-0-reason": "holiday (extended)",
+    }
+    response = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form)
+    assert response.status_code == 302, response.content[-3000:]
+    absence.refresh_from_db()
+    assert absence.ends_at == datetime(2030, 1, 14, 9, tzinfo=UTC)
+    event = AuditEvent.objects.get(type="absence.changed", rep_id=rep.pk)
+    assert event.explanation["action"] == "changed"
+    assert set(event.explanation["changes"]) == {"ends_at", "reason"}
+    assert event.explanation["before"]["ends_at"].startswith("2030-01-12")
