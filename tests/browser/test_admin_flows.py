@@ -251,3 +251,35 @@ def test_two_managers_assign_the_same_queued_lead_the_second_is_told(browser, li
     assert AuditEvent.objects.filter(lead_id=lead["id"], type="lead.reassigned").count() == 1
     for page in pages:
         page.context.close()
+
+
+def test_a_manager_reads_in_the_audit_trail_who_got_the_lead_and_why(page: Page, live: str):
+    """The trail names the reps (not only their ids) and says in a sentence why the lead went
+    where it went: the rule, the group, the rep chosen, the others and why not, the hand moves."""
+    group = GroupFactory(slug="dach", name="DACH")
+    first, second = RepFactory(name="Jonas Weber"), RepFactory(name="Klara Huber")
+    services.membership_add(group=group, rep=first, actor="test")
+    services.membership_add(group=group, rep=second, actor="test")
+    _, token = api_client_create(name="form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "max@firma.example", "group": "dach"})
+    assert lead["owner"]["name"] == "Jonas Weber"
+
+    user_in("Managers", "manager")
+    log_in(page, live, "manager")
+    page.goto(f"{live}/admin/leads/lead/{lead['id']}/reassign/")
+    page.select_option("select[name=rep]", label="Klara Huber")
+    page.fill("[name=reason]", "speaks the customer's dialect")
+    page.click("input[type=submit]")
+    expect(page.locator(".messagelist")).to_contain_text("reassigned to Klara Huber")
+
+    page.goto(f"{live}/admin/audit/auditevent/?lead_id={lead['id']}")
+    assigned = page.locator("#result_list tbody tr", has_text=re.compile("lead assigned", re.IGNORECASE))
+    expect(assigned).to_contain_text(f"Jonas Weber (#{first.id})")
+    expect(assigned).to_contain_text("Given to Jonas Weber")
+    expect(assigned).to_contain_text("Klara Huber: not next in rotation")
+    moved = page.locator("#result_list tbody tr", has_text=re.compile("lead reassigned", re.IGNORECASE))
+    expect(moved).to_contain_text(f"Klara Huber (#{second.id})")
+    expect(moved).to_contain_text("from Jonas Weber")
+    expect(moved).to_contain_text("speaks the customer's dialect")
+    moved.locator("a").first.click()
+    expect(page.locator(".field-summary")).to_contain_text("Assigned by hand from Jonas Weber")
