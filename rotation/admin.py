@@ -3,6 +3,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.core.validators import DomainNameValidator
 from django.db.models import Count, QuerySet
 from django.forms import BaseInlineFormSet
 from django.http import HttpRequest
@@ -181,7 +182,11 @@ class AccountForm(forms.ModelForm):
 
     def clean_domain(self) -> str:
         # As the service stores it, before the form's unique check compares it.
-        return domain_unicode(self.cleaned_data.get("domain") or "")
+        domain = domain_unicode(self.cleaned_data.get("domain") or "")
+        # Compared with the part of a lead's email after the "@": anything else ("@acme.example",
+        # a URL, a bare word) would be saved and never match a lead.
+        DomainNameValidator(message="Enter the email domain alone, like acme.example (no @, no http://).")(domain)
+        return domain
 
 
 @admin.register(Account)

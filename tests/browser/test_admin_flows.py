@@ -14,7 +14,7 @@ from audit.models import AuditEvent
 from leads.models import Lead
 from leads.tokens import api_client_create
 from rotation import services
-from rotation.models import Group, Membership
+from rotation.models import Account, Group, Membership
 from tests.factories import GroupFactory, RepFactory
 
 from .conftest import SCREENSHOTS
@@ -283,3 +283,24 @@ def test_a_manager_reads_in_the_audit_trail_who_got_the_lead_and_why(page: Page,
     expect(moved).to_contain_text("speaks the customer's dialect")
     moved.locator("a").first.click()
     expect(page.locator(".field-summary")).to_contain_text("Assigned by hand from Jonas Weber")
+
+
+def test_an_account_domain_that_no_email_can_have_is_refused(page: Page, live: str):
+    """Sales ops paste "@acme.example" or a URL into an account's domain: refused with a
+    message, since no lead's email domain could ever match it (the account would do nothing)."""
+    RepFactory(name="Lena Vogel")
+    user_in("Sales ops", "ops")
+    log_in(page, live, "ops")
+    for bad in ("@acme.example", "https://acme.example/", "acme"):
+        page.goto(f"{live}/admin/rotation/account/add/")
+        page.fill("#id_domain", bad)
+        page.click("#account_form .select2-selection")
+        page.fill(".select2-container--open .select2-search__field", "Lena")
+        page.click(".select2-results__option:has-text('Lena Vogel')")
+        page.click("input[name=_save]")
+        expect(page.locator(".field-domain .errorlist")).to_contain_text("the email domain alone")
+    assert not Account.objects.exists()
+    page.fill("#id_domain", "Acme.example")
+    page.click("input[name=_save]")
+    expect(page.locator(".messagelist")).to_contain_text("was added successfully")
+    assert list(Account.objects.values_list("domain", flat=True)) == ["acme.example"]
