@@ -155,15 +155,27 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
 
 @transaction.atomic
 def rep_delete(*, rep: Rep, actor: str) -> None:
-    """Deletes a rep (its memberships with it), each group's trail ending with the removal."""
+    """Deletes a rep (its memberships and accounts with it), each group's and account's trail
+    ending with the removal."""
     rep_id = rep.pk
     removed = list(
         Membership.objects.filter(rep=rep).order_by("group_id").values_list("group__slug", "rep_id", "position")
     )
+    # Its accounts go with it (the foreign key cascades): their trails end here too.
+    accounts = list(Account.objects.filter(owner=rep).order_by("domain").values_list("domain", flat=True))
     before = {"before": _values(rep, _field_names(rep))}
     rep.delete()
+    lost = [
+        Event(
+            AuditEvent.Type.ACCOUNT_CHANGED,
+            actor,
+            rep_id=rep_id,
+            explanation={"action": "deleted", "account": domain, "because": "rep deleted"},
+        )
+        for domain in accounts
+    ]
     deleted = Event(AuditEvent.Type.REP_CHANGED, actor, rep_id=rep_id, explanation={"action": "deleted", **before})
-    audit_record_many(events=[*_removals(removed, actor=actor, because="rep deleted"), deleted])
+    audit_record_many(events=[*_removals(removed, actor=actor, because="rep deleted"), *lost, deleted])
 
 
 # --- memberships -----------------------------------------------------------------------------

@@ -204,3 +204,20 @@ def test_editing_an_absence_in_the_admin_is_audited_as_a_change_with_its_before(
     assert event.explanation["action"] == "changed"
     assert set(event.explanation["changes"]) == {"ends_at", "reason"}
     assert event.explanation["before"]["ends_at"].startswith("2030-01-12")
+
+
+def test_deleting_a_rep_ends_the_trail_of_the_accounts_it_owned(staff):
+    """A rep's accounts go with it (sticky routing for those domains ends): each account's
+    trail must say so, as deleting the account from its own page does."""
+    from rotation import services
+    from rotation.models import Account
+
+    rep = RepFactory(name="Temp Rep", email="temp@example.com")
+    services.account_save(account=Account(domain="temp.example", name="Temp", owner=rep), actor="test")
+    response = staff.post(f"/admin/rotation/rep/{rep.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not Account.objects.exists()
+    deleted = AuditEvent.objects.filter(type="account.changed", explanation__action="deleted")
+    assert [(e.rep_id, e.explanation["account"], e.explanation.get("because")) for e in deleted] == [
+        (rep.pk, "temp.example", "rep deleted")
+    ]
