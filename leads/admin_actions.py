@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
+from audit.models import AuditEvent
 from rotation.models import Rep
 
 from . import actions
@@ -32,6 +33,36 @@ def admin_actor(request: HttpRequest) -> str:
 class AssignForm(forms.Form):
     rep = forms.ModelChoiceField(queryset=Rep.objects.filter(active=True).order_by("name"), label="Assign to")
     reason = forms.CharField(max_length=500, help_text="Why, for the audit trail.")
+
+
+def _not_eligible_note(*, lead_id: int, actor: str) -> str:
+    """Why the rep just given the lead by hand cannot work it now (out of office, paused, off
+    hours, over a cap, not in the lead's group), as the reassign's audit event recorded it."""
+    event = (
+        AuditEvent.objects.filter(lead_id=lead_id, type=AuditEvent.Type.LEAD_REASSIGNED, actor=actor)
+        .order_by("-id")
+        .first()
+    )
+    e = event.explanation if event is not None else {}
+    notes = []
+    if e.get("not_eligible_because"):
+        notes.append(str(e["not_eligible_because"]))
+    if e.get("over_cap"):
+        notes.append("over cap: " + ", ".join(e.get("caps", {}).get("exceeded", [])))
+    if e.get("member_of_group") is False:
+        notes.append("not a member of the lead's group")
+    return "; ".join(notes)
+
+
+def _warn_not_eligible(modeladmin: Any, request: HttpRequest, rep: Rep, notes: dict[str, list[int]]) -> None:
+    for note, ids in notes.items():
+        leads = ", ".join(f"#{pk}" for pk in ids)
+        modeladmin.message_user(
+            request,
+            f"{rep.name} is not eligible now ({note}): {leads} will wait with them until they can take "
+            "it or its SLA escalates.",
+            messages.WARNING,
+        )
 
 
 def _from_queue(modeladmin: admin.ModelAdmin) -> bool:
@@ -70,15 +101,17 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
     form = AssignForm(request.POST if "apply" in request.POST else None)
     if form.is_bound and form.is_valid():
         rep, reason, actor = form.cleaned_data["rep"], form.cleaned_data["reason"], admin_actor(request)
-        _run_each(
-            modeladmin,
-            request,
-            queryset.order_by("id"),
-            lambda lead: actions.lead_reassign(
+        notes: dict[str, list[int]] = {}
+
+        def assign(lead: Lead) -> None:
+            actions.lead_reassign(
                 lead_id=lead.pk, rep_id=rep.pk, reason=reason, actor=actor, only_queued=_from_queue(modeladmin)
-            ),
-            f"assigned to {rep.name}",
-        )
+            )
+            if note := _not_eligible_note(lead_id=lead.pk, actor=actor):
+                notes.setdefault(note, []).append(lead.pk)
+
+        _run_each(modeladmin, request, queryset.order_by("id"), assign, f"assigned to {rep.name}")
+        _warn_not_eligible(modeladmin, request, rep, notes)
         return None
     context = {
         **modeladmin.admin_site.each_context(request),
@@ -167,6 +200,8 @@ class LeadActionsAdminMixin:
                 form.add_error("rep", "; ".join(m for ms in exc.errors.values() for m in ms))
             else:
                 self.message_user(request, f"Lead #{lead.pk} reassigned to {rep.name}.", messages.SUCCESS)  # type: ignore[attr-defined]
+                if note := _not_eligible_note(lead_id=lead.pk, actor=admin_actor(request)):
+                    _warn_not_eligible(self, request, rep, {note: [lead.pk]})
                 return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
         context = {
             **self.admin_site.each_context(request),  # type: ignore[attr-defined]

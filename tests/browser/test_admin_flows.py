@@ -304,3 +304,37 @@ def test_an_account_domain_that_no_email_can_have_is_refused(page: Page, live: s
     page.click("input[name=_save]")
     expect(page.locator(".messagelist")).to_contain_text("was added successfully")
     assert list(Account.objects.values_list("domain", flat=True)) == ["acme.example"]
+
+
+def test_assigning_a_queued_lead_to_a_rep_out_of_office_warns_the_manager(page: Page, live: str):
+    """A manager may give a lead to a rep who cannot take it now (out of office, not in the
+    group): allowed by hand, but the page must say so, not only a plain success."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from rotation.models import Absence
+
+    group = GroupFactory(slug="iberia", name="Iberia")
+    away = RepFactory(name="Lucia Gomez")
+    services.membership_add(group=group, rep=away, actor="test")
+    now = timezone.now()
+    Absence.objects.create(rep=away, starts_at=now - timedelta(hours=1), ends_at=now + timedelta(days=3))
+    _, token = api_client_create(name="form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "pablo@corp.example", "company": "Away Corp", "group": "iberia"})
+    assert lead["status"] == "queued"
+
+    user_in("Managers", "manager")
+    log_in(page, live, "manager")
+    page.goto(f"{live}/admin/leads/queuedlead/")
+    page.locator("#result_list tbody tr", has_text="Away Corp").locator("input.action-select").check()
+    page.select_option("select[name=action]", "assign_to_rep")
+    page.click("button[name=index]")
+    page.select_option("select[name=rep]", label="Lucia Gomez")
+    page.fill("[name=reason]", "her account")
+    page.click("input[type=submit][value=Assign]")
+    expect(page.locator(".messagelist .success")).to_contain_text("assigned to Lucia Gomez")
+    warning = page.locator(".messagelist .warning")
+    expect(warning).to_contain_text(f"#{lead['id']}")
+    expect(warning).to_contain_text("Lucia Gomez is not eligible now")
+    expect(warning).to_contain_text("out of office until")
