@@ -145,3 +145,11 @@ def test_a_rep_paused_after_its_leads_keeps_its_weight_share(make_group, post_le
         p for p in dashboard_view(since=now - timedelta(days=1), until=now + timedelta(minutes=1)) if p.slug == "emea"
     ]
     assert {r.rep_id: (r.share, r.weight_share) for r in panel.reps} == {a.id: (0.5, 0.5), b.id: (0.5, 0.5)}
+
+
+def test_a_group_filter_naming_no_group_says_so(admin_client, make_group):
+    """?group=<slug> of a group renamed or deleted: "no such group", not "No groups yet"."""
+    make_group(1, slug="emea")
+    html = admin_client.get("/admin/dashboard/?group=gone").content.decode()
+    assert "No groups yet" not in html
+    assert "No group with the slug “gone”" in html
