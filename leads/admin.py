@@ -55,6 +55,7 @@ class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
         "raw_payload",
         "email_normalized",
         "manage_links",
+        "trail_link",
         *ROUTING_FACTS,
     )
     fieldsets = (

@@ -176,12 +176,30 @@ class LeadActionsAdminMixin:
         if obj.pk is None:
             return ""
         return format_html(
-            '<a class="button" href="{}">Reassign…</a> '
-            '<a href="{}?lead_id={}">Audit trail: every decision on this lead</a>',
+            '<a class="button" href="{}">Reassign…</a> {}',
             reverse("admin:leads_lead_reassign", args=[obj.pk]),
+            self.trail_link(obj),
+        )
+
+    @admin.display(description="Manage")
+    def trail_link(self, obj: Lead) -> str:
+        """For those who read leads but may not move them (no "Reassign…" leading to a 403)."""
+        if obj.pk is None:
+            return ""
+        return format_html(
+            '<a href="{}?lead_id={}">Audit trail: every decision on this lead</a>',
             reverse("admin:audit_auditevent_changelist"),
             obj.pk,
         )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Lead | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)  # type: ignore[misc]
+        if self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+            return fieldsets
+        return [
+            (name, {**opts, "fields": tuple("trail_link" if f == "manage_links" else f for f in opts["fields"])})
+            for name, opts in fieldsets
+        ]
 
     def reassign_view(self, request: HttpRequest, lead_id: int) -> HttpResponse:
         lead = get_object_or_404(Lead.objects.select_related("group", "owner"), pk=lead_id)

@@ -338,3 +338,18 @@ def test_assigning_a_queued_lead_to_a_rep_out_of_office_warns_the_manager(page: 
     expect(warning).to_contain_text(f"#{lead['id']}")
     expect(warning).to_contain_text("Lucia Gomez is not eligible now")
     expect(warning).to_contain_text("out of office until")
+
+
+def test_a_lead_page_offers_reassign_only_to_those_who_may(page: Page, live: str):
+    """Sales ops read leads but do not move them: their lead page links the audit trail and
+    offers no "Reassign…" button that would only lead to a 403 page."""
+    group = GroupFactory(slug="baltics", name="Baltics")
+    services.membership_add(group=group, rep=RepFactory(name="Mari Tamm"), actor="test")
+    _, token = api_client_create(name="form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "juri@corp.example", "group": "baltics"})
+
+    user_in("Sales ops", "ops")
+    log_in(page, live, "ops")
+    page.goto(f"{live}/admin/leads/lead/{lead['id']}/change/")
+    expect(page.locator("#content")).to_contain_text("Audit trail: every decision on this lead")
+    expect(page.locator("#content a", has_text="Reassign")).to_have_count(0)
