@@ -353,3 +353,19 @@ def test_a_lead_page_offers_reassign_only_to_those_who_may(page: Page, live: str
     page.goto(f"{live}/admin/leads/lead/{lead['id']}/change/")
     expect(page.locator("#content")).to_contain_text("Audit trail: every decision on this lead")
     expect(page.locator("#content a", has_text="Reassign")).to_have_count(0)
+
+
+def test_sales_ops_move_the_default_group_in_one_save(page: Page, live: str):
+    """Ticking "is default" on another group moves the flag (the old default loses it, both
+    audited), as the API does; the form must not refuse it as a constraint violation."""
+    old = GroupFactory(slug="global", name="Global", is_default=True)
+    GroupFactory(slug="europe", name="Europe")
+    user_in("Sales ops", "ops")
+    log_in(page, live, "ops")
+    page.goto(f"{live}/admin/rotation/group/{Group.objects.get(slug='europe').pk}/change/")
+    page.check("#id_is_default")
+    page.click("input[name=_save]")
+    expect(page.locator(".messagelist")).to_contain_text("was changed successfully")
+    assert list(Group.objects.filter(is_default=True).values_list("slug", flat=True)) == ["europe"]
+    moved = AuditEvent.objects.filter(type="group.changed", group=old.slug, actor="admin:ops")
+    assert [e.explanation["changes"] for e in moved] == [{"is_default": False}]
