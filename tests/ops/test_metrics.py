@@ -177,3 +177,56 @@ def test_lock_held_is_observed_at_commit(make_group, post_lead):
     assert post_lead(group=group.slug).status_code == 201
     assert post_lead(group=group.slug).status_code == 201
     assert value(scrape(), name) - before == 2
+
+
+def test_a_worker_only_host_serves_its_samples_with_serve_metrics(tmp_path):
+    """A machine running Celery and no web server: `manage.py serve_metrics` serves what its
+    processes counted (here two escalations written by a "worker" process)."""
+    import http.client
+    import socket
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    write = textwrap.dedent(
+        """
+        from routing_project import metrics
+        metrics.escalation_recorded(group="emea", outcome="queued")
+        metrics.sla_breach_recorded(group="emea")
+        """
+    )
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", write], env=env, check=True)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "manage.py", "serve_metrics", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert server.stdout is not None
+        assert b"/metrics" in server.stdout.readline()  # listening
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        text = response.read().decode()
+        conn.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert response.status == 200
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert value(samples, "leadrouter_escalations_total", group="emea", outcome="queued") == 2
+    assert value(samples, "leadrouter_sla_breaches_total", group="emea") == 2
+
+
+def test_serve_metrics_without_a_sample_directory_says_what_to_set(monkeypatch):
+    from django.core.management import CommandError, call_command
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with pytest.raises(CommandError, match="Set PROMETHEUS_MULTIPROC_DIR"):
+        call_command("serve_metrics")
