@@ -26,6 +26,22 @@ QUEUE_POINTS = 48
 QUEUE_LOOKBACK = timedelta(days=30)
 
 
+def duration_text(seconds: float | None) -> str:
+    """A time to accept as a manager reads it: "45 s", "25 min", "2 h 05 min", "3 d 4 h"."""
+    if seconds is None:
+        return "-"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 24 * 60:
+        return f"{minutes // 60} h {minutes % 60:02d} min"
+    hours = round(seconds / 3600)
+    return f"{hours // 24} d {hours % 24} h"
+
+
 @dataclass
 class RepRow:
     rep_id: int
@@ -38,6 +54,10 @@ class RepRow:
     median_accept_s: float | None = None
     share: float = 0.0  # of the group's assignments in the window
     weight_share: float = 0.0  # of the weights of the members taking part (active, or given leads)
+
+    @property
+    def median_accept(self) -> str:
+        return duration_text(self.median_accept_s)
 
 
 @dataclass
@@ -56,6 +76,10 @@ class GroupPanel:
     queue_max: int = 0
     queue_points: list[tuple[datetime, int]] = field(default_factory=list)
     other_reps: int = 0  # assignments to reps no longer members
+
+    @property
+    def median_accept(self) -> str:
+        return duration_text(self.median_accept_s)
 
 
 def breach_q(now: datetime) -> Q:

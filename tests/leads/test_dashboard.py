@@ -37,10 +37,29 @@ def test_shares_speed_breaches_and_queue(make_group, post_lead):
     p = panels["emea"]
     assert (p.assigned, p.accepted, p.breaches) == (8, 3, 2)
     assert p.median_accept_s == pytest.approx(120)
+    assert p.median_accept == "2 min" and panels["empty"].median_accept == "-"
     shares = {r.rep_id: (r.assigned, round(r.share, 3), round(r.weight_share, 3)) for r in p.reps}
     assert shares == {reps[0].id: (3, 0.375, 0.5), reps[1].id: (3, 0.375, 0.25), reps[2].id: (2, 0.25, 0.25)}
     assert panels["empty"].queue_now == 3 and panels["empty"].queue_max == 3
     assert panels["empty"].queue_points[-1][1] == 3 and panels["emea"].queue_max == 0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "-"),
+        (44.6, "45 s"),
+        (59.4, "59 s"),
+        (1524, "25 min"),
+        (3599, "1 h 00 min"),
+        (7500, "2 h 05 min"),
+        (3 * 86400 + 4 * 3600, "3 d 4 h"),
+    ],
+)
+def test_times_to_accept_read_as_a_manager_reads_them(seconds, text):
+    from leads.dashboard import duration_text
+
+    assert duration_text(seconds) == text
 
 
 def test_dashboard_page_renders_its_charts_in_a_fixed_number_of_queries(admin_client, make_group, post_lead):
