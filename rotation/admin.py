@@ -1,5 +1,6 @@
 import itertools
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django import forms
 from django.contrib import admin
@@ -8,6 +9,8 @@ from django.db.models import Count, QuerySet
 from django.forms import BaseInlineFormSet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin
 
@@ -153,9 +156,19 @@ class GroupAdmin(AuditedDeleteMixin, admin.ModelAdmin):
 
 
 class AbsenceInline(admin.TabularInline):
+    """A rep's absences, entered and shown in the rep's time zone (RepAdmin.changeform_view),
+    as the rep's working hours are."""
+
     model = Absence
     extra = 0
     fields = ("starts_at", "ends_at", "reason")
+
+    def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
+        formset = super().get_formset(request, obj, **kwargs)
+        zone = obj.timezone if obj is not None else "UTC"
+        for name in ("starts_at", "ends_at"):
+            formset.form.base_fields[name].help_text = f"In the rep's time zone ({zone})."
+        return formset
 
 
 @admin.register(Rep)
@@ -170,6 +183,20 @@ class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Rep, form: Any, change: bool) -> None:
         services.rep_save(rep=obj, actor=admin_actor(request), changed=form.changed_data)
+
+    def changeform_view(
+        self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        # The page's dates and times (its absences) are read and shown in the rep's time zone
+        # (as stored: a change of it applies from the next page), rendered inside it.
+        zone = "UTC"
+        if object_id is not None and object_id.isdigit():
+            zone = Rep.objects.filter(pk=int(object_id)).values_list("timezone", flat=True).first() or "UTC"
+        with timezone.override(ZoneInfo(zone)):
+            response = super().changeform_view(request, object_id, form_url, extra_context)
+            if isinstance(response, TemplateResponse):
+                response.render()
+        return response
 
     def delete_model(self, request: HttpRequest, obj: Rep) -> None:
         services.rep_delete(rep=obj, actor=admin_actor(request))

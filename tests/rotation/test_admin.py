@@ -221,3 +221,37 @@ def test_deleting_a_rep_ends_the_trail_of_the_accounts_it_owned(staff):
     assert [(e.rep_id, e.explanation["account"], e.explanation.get("because")) for e in deleted] == [
         (rep.pk, "temp.example", "rep deleted")
     ]
+
+
+def test_a_reps_absences_are_entered_and_shown_in_the_reps_time_zone(staff):
+    """The rep page took absence times as UTC, unlabelled, while working hours are in the rep's
+    time zone: a Paris rep's 09:00 start was stored an hour late."""
+    from datetime import UTC, datetime
+
+    from rotation.models import Absence
+
+    rep = RepFactory(name="Grace Hopper", email="grace@example.com", timezone="Europe/Paris")
+    form = {
+        "name": rep.name,
+        "email": rep.email,
+        "timezone": rep.timezone,
+        "active": "on",
+        "working_hours": "null",
+        **inline_management("absences", 1, 0),
+        "absences-0-rep": str(rep.pk),
+        "absences-0-starts_at_0": "2030-01-10",
+        "absences-0-starts_at_1": "09:00:00",
+        "absences-0-ends_at_0": "2030-01-14",
+        "absences-0-ends_at_1": "18:00:00",
+        "absences-0-reason": "holiday",
+    }
+    response = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form)
+    assert response.status_code == 302, response.content[-3000:]
+    absence = Absence.objects.get(rep=rep)
+    assert (absence.starts_at, absence.ends_at) == (
+        datetime(2030, 1, 10, 8, tzinfo=UTC),
+        datetime(2030, 1, 14, 17, tzinfo=UTC),
+    )
+    page = staff.get(f"/admin/rotation/rep/{rep.pk}/change/").content.decode()
+    assert 'value="09:00:00"' in page and 'value="18:00:00"' in page
+    assert "In the rep&#x27;s time zone (Europe/Paris)." in page
