@@ -331,21 +331,11 @@ def test_a_connection_dropped_during_intake_leaves_the_signature_free_for_the_re
     503 asked for was refused as a replay: the lead was never taken in."""
     from django.db import connection
 
-    from leads import services as lead_services
-    from tests.ops.test_pool_check import terminate
+    from tests.ops.test_pool_check import drop_connection_before_intake
 
     make_group(1, slug="emea", is_default=True)
     src, secret = services.source_create(slug="site", name="Site", actor="test")
-    intake = lead_services.lead_intake
-    dropped: list[int] = []
-
-    def intake_after_a_restart(**kwargs):
-        if not dropped:
-            dropped.append(connection.connection.info.backend_pid)
-            terminate(dropped)
-        return intake(**kwargs)
-
-    monkeypatch.setattr(lead_services, "lead_intake", intake_after_a_restart)
+    dropped = drop_connection_before_intake(monkeypatch)
     body = b'{"email": "restart@acme.example"}'
     header = services.sign(secret=secret, body=body, timestamp=int(time.time()))
     client = Client()

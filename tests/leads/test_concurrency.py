@@ -292,24 +292,14 @@ def test_a_connection_dropped_during_intake_leaves_the_key_free_for_the_retry(ma
     """PostgreSQL restarted (here: the request's connection terminated) after the key was
     claimed, before the lead was written: the 503 says retry in 2 s, and the retry must not
     find the key 'still in flight' (409) for the minute it takes to go stale."""
-    from leads import services as lead_services
     from routing_project import configcache
-    from tests.ops.test_pool_check import terminate
+    from tests.ops.test_pool_check import drop_connection_before_intake
 
     settings.INTAKE_BATCH_MAX = 1  # routed on this request's connection, the one dropped
     configcache.clear()  # not answered again under a newer configuration: the 503 stands
     make_group(2, slug="g")
     _client, token = api_client_with(["intake"])
-    intake = lead_services.lead_intake
-    dropped: list[int] = []
-
-    def intake_after_a_restart(**kwargs):
-        if not dropped:
-            dropped.append(connection.connection.info.backend_pid)
-            terminate(dropped)
-        return intake(**kwargs)
-
-    monkeypatch.setattr(lead_services, "lead_intake", intake_after_a_restart)
+    dropped = drop_connection_before_intake(monkeypatch)
     body = {"email": "restart@x.example", "group": "g"}
     first = post(http_client(token), body, **{"Idempotency-Key": "k-restart"})
     assert first.status_code == 503 and first["Retry-After"], first.content

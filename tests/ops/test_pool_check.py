@@ -2,6 +2,8 @@
 connection, and a connection the server dropped (a restart, pg_terminate_backend) is never
 handed to a request."""
 
+from typing import Any
+
 import psycopg
 import pytest
 from django.db import connection
@@ -37,6 +39,24 @@ def terminate(pids: list[int]) -> None:
     with psycopg.connect(conninfo(), autocommit=True) as admin:
         for pid in pids:
             admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+
+
+def drop_connection_before_intake(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """PostgreSQL restarted mid-request: the first intake after this finds its request's
+    connection terminated (the next ones run as usual). Returns the backend pids dropped."""
+    from leads import services as lead_services
+
+    intake = lead_services.lead_intake
+    dropped: list[int] = []
+
+    def intake_after_a_restart(**kwargs: Any) -> Any:
+        if not dropped:
+            dropped.append(connection.connection.info.backend_pid)
+            terminate(dropped)
+        return intake(**kwargs)
+
+    monkeypatch.setattr(lead_services, "lead_intake", intake_after_a_restart)
+    return dropped
 
 
 def test_a_healthy_idle_connection_is_checked_without_a_round_trip():
