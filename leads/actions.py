@@ -30,6 +30,7 @@ from audit.services import Event, audit_record_many
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Absence, Group, Membership, Rep, RotationState
 from routing_project import metrics
+from routing_project.db import set_lock_timeout
 
 from . import notify, ownership, routing, scheduling
 from .models import OPEN_STATUSES, Assignment, Lead, LeadStatus
@@ -82,7 +83,7 @@ def _in_transaction(fn: Callable[[], T]) -> T:
     for attempt in range(attempts):
         try:
             with transaction.atomic():
-                routing.set_lock_timeout()
+                set_lock_timeout()
                 return fn()
         except Exception as exc:
             if routing.is_lock_timeout(exc):

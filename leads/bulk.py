@@ -51,6 +51,7 @@ from rotation.models import Account, Group, RotationState
 from rotation.rules import lead_facts, match_rules
 from routing_project.api import json_loads_client
 from routing_project.bulkdb import ids_reserve, rows_insert, supports_copy
+from routing_project.db import set_lock_timeout
 
 from . import notify, ownership, routing
 from .api.serializers import LeadInSerializer
@@ -565,7 +566,7 @@ def _route_batch_locked(
     rows: list[_Row], *, groups: dict[str, Group], actor: str, report: ImportReport, notify_reps: bool
 ) -> None:
     now = timezone.now()
-    routing.set_lock_timeout()
+    set_lock_timeout()
     _lock_import_and_emails([r.email_normalized for r in rows])
 
     # The look-ups below are point look-ups by one indexed key each. An import grows the table

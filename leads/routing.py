@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.conf import settings
 from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.models import Count, OuterRef, Subquery
 
@@ -52,13 +51,6 @@ def is_lock_timeout(exc: BaseException) -> bool:
 
 def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError) and sqlstate(exc) in RETRYABLE
-
-
-def set_lock_timeout() -> None:
-    """Bounds how long this transaction waits for any lock (SET LOCAL: this transaction only)."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{settings.ROUTING_LOCK_TIMEOUT_MS}ms"])
 
 
 def lock_email(email_normalized: str) -> None:

@@ -24,7 +24,7 @@ from rotation.eligibility import MemberFacts
 from rotation.models import Group, Rep, RotationState, RoutingRule
 from rotation.rules import RuleSpec, lead_facts, match_rules
 from routing_project import configcache, metrics
-from routing_project.db import on_a_live_connection
+from routing_project.db import on_a_live_connection, set_lock_timeout
 from routing_project.logging import request_id_var
 
 from . import batching, notify, ownership, routing, routing_sql, scheduling
@@ -548,7 +548,7 @@ def _intake_locked(
         if _stale([job], version):
             raise configcache.StaleConfiguration()
     else:
-        routing.set_lock_timeout()
+        set_lock_timeout()
         routing.lock_email(job.email_normalized)
     window = _dedup_window(job)
     since = now - timedelta(days=window)

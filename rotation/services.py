@@ -12,12 +12,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max, Model
 
 from audit.models import AuditEvent
 from audit.services import Event, audit_record, audit_record_many
+from routing_project.db import set_lock_timeout
 
 from .domains import domain_unicode
 from .hooks import capacity_freed, capacity_frees_at
@@ -185,9 +185,7 @@ def _rotation_row_locked(group_id: int) -> RotationState | None:
     """The group's rotation row, locked as routing locks it, waiting no longer than routing
     does (ROUTING_LOCK_TIMEOUT_MS, for this transaction): held past it, the lock timeout is
     raised (a 503 with Retry-After in the API) rather than the request hanging with it."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{settings.ROUTING_LOCK_TIMEOUT_MS}ms"])
+    set_lock_timeout()
     return RotationState.objects.select_for_update(no_key=True).filter(group_id=group_id).first()
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
+from django.conf import settings
 from django.db import DatabaseError, connection
 
 T = TypeVar("T")
@@ -46,3 +47,12 @@ def on_a_live_connection(write: Callable[[], T]) -> T:
                 raise
             connection.close()  # a dead connection is not reused: the next query opens one
     raise AssertionError("unreachable")
+
+
+def set_lock_timeout() -> None:
+    """Bounds how long this transaction waits for any lock, as routing does
+    (ROUTING_LOCK_TIMEOUT_MS; SET LOCAL: this transaction only): past it, the lock timeout is
+    raised, a 503 with Retry-After in the API, never a request hanging."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{settings.ROUTING_LOCK_TIMEOUT_MS}ms"])
