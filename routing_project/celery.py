@@ -1,7 +1,10 @@
 import os
+from typing import Any
 
 from celery import Celery
-from celery.signals import setup_logging
+from celery.signals import setup_logging, task_postrun, task_prerun
+
+from routing_project.logging import request_id_var
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routing_project.settings.local")
 
@@ -23,3 +26,24 @@ def logging_as_the_web(**kwargs: object) -> None:
     dictConfig(settings.LOGGING)
     if app.conf.worker_redirect_stdouts:
         app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
+
+
+# Task id -> the token that puts back the request id in force before the task ran.
+_request_id_tokens: dict[str, Any] = {}
+
+
+@task_prerun.connect
+def request_id_of_task(task_id: str | None = None, **kwargs: object) -> None:
+    """A task's log lines and audit events carry its task id as their request id, as a
+    request's carry the request's: an operator finds every line of one escalation or sweep
+    from the id on its audit event. A task run inside a request (eagerly) keeps the
+    request's id."""
+    if task_id and request_id_var.get() == "-":
+        _request_id_tokens[task_id] = request_id_var.set(task_id)
+
+
+@task_postrun.connect
+def request_id_of_task_reset(task_id: str | None = None, **kwargs: object) -> None:
+    token = _request_id_tokens.pop(task_id or "", None)
+    if token is not None:
+        request_id_var.reset(token)

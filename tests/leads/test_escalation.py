@@ -3,6 +3,7 @@
 SLAs here are seconds long (sla_minutes 0.03 = 1.8 s); the worker's beat sweeps every second.
 """
 
+import re
 import threading
 import time
 
@@ -58,6 +59,7 @@ def test_timer_escalates_within_two_seconds_of_due(api, make_group, celery_worke
     assert 0 <= late < 2.0, late
     assert event.actor == "system:sla" and event.explanation["trigger"] == "timer"
     assert event.explanation["from_rep"] == reps[0].id and event.rep_id == reps[1].id
+    assert re.fullmatch(r"[0-9a-f-]{36}", event.request_id), event.request_id  # the timer task's id
     stored = Lead.objects.get(pk=lead["id"])
     assert stored.owner_id == reps[1].id and stored.escalations >= 1
     rows = check_history(lead["id"])

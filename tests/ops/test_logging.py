@@ -111,3 +111,32 @@ def test_python_warnings_are_log_records_json_and_redacted():
     assert "customer.example" not in err, err
     lines = [json.loads(line) for line in err.splitlines() if line.strip()]
     assert [line["logger"] for line in lines] == ["py.warnings"], err
+
+
+def _logging_task():
+    from routing_project.celery import app
+
+    @app.task(name="tests.log_a_line", shared=False)
+    def log_a_line() -> str:
+        logging.getLogger("leads.tasks").warning("task line")
+        return request_id_var.get()
+
+    return log_a_line
+
+
+def test_a_tasks_lines_carry_its_task_id_as_request_id(caplog):
+    caplog.handler.addFilter(RequestIdFilter())
+    result = _logging_task().apply()
+    assert result.get() == result.id
+    (line,) = [r for r in caplog.records if r.getMessage() == "task line"]
+    assert line.request_id == result.id
+    assert request_id_var.get() == "-"  # put back after the task
+
+
+def test_a_task_run_inside_a_request_keeps_the_requests_id():
+    token = request_id_var.set("req-9")
+    try:
+        assert _logging_task().apply().get() == "req-9"
+        assert request_id_var.get() == "req-9"
+    finally:
+        request_id_var.reset(token)
