@@ -114,6 +114,15 @@ class GroupAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Group]:
         return super().get_queryset(request).annotate(_members=Count("memberships"))
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Group | None = None) -> Any:
+        # As over the API: the slug names the group in URLs, in the forms and integrations
+        # that post leads to it, and in its audit trail; renamed, the trail would split.
+        readonly = tuple(super().get_readonly_fields(request, obj))
+        return readonly if obj is None else ("slug", *readonly)
+
+    def get_prepopulated_fields(self, request: HttpRequest, obj: Group | None = None) -> dict[str, Any]:
+        return {} if obj is not None else super().get_prepopulated_fields(request, obj)
+
     @admin.display(description="Members", ordering="_members")
     def member_count(self, obj: Group) -> int:
         return getattr(obj, "_members", 0)

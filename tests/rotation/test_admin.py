@@ -255,3 +255,16 @@ def test_a_reps_absences_are_entered_and_shown_in_the_reps_time_zone(staff):
     page = staff.get(f"/admin/rotation/rep/{rep.pk}/change/").content.decode()
     assert 'value="09:00:00"' in page and 'value="18:00:00"' in page
     assert "In the rep&#x27;s time zone (Europe/Paris)." in page
+
+
+def test_a_groups_slug_cannot_be_renamed_in_the_admin(staff, api, make_group):
+    """As over the API: integrations post to the slug and the audit trail names it."""
+    group, _ = make_group(1, slug="emea")
+    assert staff.get(f"/admin/rotation/group/{group.pk}/change/").status_code == 200
+    data = group_form(slug="renamed", name="EMEA inbound")
+    data.update(inline_management("memberships", 0, 0))
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 302, r.content.decode()[:3000]
+    group.refresh_from_db()
+    assert (group.slug, group.name) == ("emea", "EMEA inbound")
+    assert api.post("/api/v1/leads/", lead_body(group="emea"), format="json").status_code == 201
