@@ -115,7 +115,9 @@ def lock_rotations_read(
 
 def day_start(now: datetime, tz: str) -> datetime:
     local = now.astimezone(ZoneInfo(tz))
-    return local.replace(hour=0, minute=0, second=0, microsecond=0)
+    # fold=0: in the second pass of an hour repeated after midnight (clocks going back from
+    # 01:00 to 00:00), `local` carries fold=1, which would start the day an hour late.
+    return local.replace(hour=0, minute=0, second=0, microsecond=0, fold=0)
 
 
 def week_start(now: datetime, tz: str) -> datetime:

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from leads.models import Assignment, Lead
-from leads.routing import day_start
+from leads.routing import day_start, week_start
 from rotation.eligibility import DAYS, MemberFacts, eligibility, within_working_hours
 from rotation.models import Absence, Membership
 from tests.conftest import lead_body
@@ -230,3 +230,14 @@ def test_group_day_across_dst():
     assert start.astimezone(UTC) == datetime(2026, 3, 8, 5, 0, tzinfo=UTC)
     start = day_start(datetime(2026, 3, 9, 12, 0, tzinfo=UTC), "America/New_York")
     assert start.astimezone(UTC) == datetime(2026, 3, 9, 4, 0, tzinfo=UTC)
+
+
+def test_group_day_starts_at_the_first_midnight_when_the_hour_after_it_repeats():
+    # Havana goes back from 01:00 CDT to 00:00 CST on 2026-11-01: 00:30 happens twice, and the
+    # day began at the first midnight (04:00 UTC), also when asked during the second 00:30.
+    first = datetime(2026, 11, 1, 4, 0, tzinfo=UTC)
+    for now in (datetime(2026, 11, 1, 4, 30, tzinfo=UTC), datetime(2026, 11, 1, 5, 30, tzinfo=UTC)):
+        assert day_start(now, "America/Havana").astimezone(UTC) == first
+    assert week_start(datetime(2026, 11, 1, 5, 30, tzinfo=UTC), "America/Havana").astimezone(UTC) == datetime(
+        2026, 10, 26, 4, 0, tzinfo=UTC
+    )
