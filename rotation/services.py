@@ -79,6 +79,9 @@ def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
 
 # Membership fields whose change can let a member take more leads.
 FREES_CAPACITY = frozenset({"active", "max_open", "max_per_day", "weight"})
+# Rep fields whose change can make the rep available now: re-activated, or working hours (or
+# the time zone they are read in) that take in the present moment.
+REP_FREES_CAPACITY = frozenset({"active", "working_hours", "timezone"})
 
 
 def serialize_on(name: str) -> None:
@@ -143,8 +146,9 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
     rep.full_clean()
     change = _change(rep, changed)
     rep.save()
-    if rep.active and not change.created and "active" in change.fields:
-        # A rep re-activated takes leads again: drain its groups' queues after commit.
+    if rep.active and not change.created and REP_FREES_CAPACITY.intersection(change.fields):
+        # A rep re-activated, or now within its hours, takes leads: drain its groups' queues
+        # after commit.
         capacity_freed(group_ids=Membership.objects.filter(rep=rep).values_list("group_id", flat=True))
     if not change.fields:
         return rep

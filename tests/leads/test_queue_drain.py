@@ -254,3 +254,25 @@ def test_changes_that_free_capacity_ask_for_a_drain_after_commit(
     with django_capture_on_commit_callbacks(execute=True):
         services.group_save(group=group, actor="t", changed=["active"])
     assert drains == [group.id]
+
+
+@pytest.mark.django_db
+def test_a_rep_whose_hours_now_take_in_the_present_asks_for_a_drain(
+    api, make_group, drains, django_capture_on_commit_callbacks
+):
+    group, (rep,) = make_group(1, slug="emea")
+    rep.working_hours = {"sun": [["00:00", "00:01"]]}  # off hours nearly all week
+    services.rep_save(rep=rep, actor="t", changed=["working_hours"])
+    cases = [
+        ({"working_hours": None}, True),  # always available now
+        ({"working_hours": None}, False),  # sent again unchanged: nothing freed
+        ({"name": "Renamed"}, False),
+        ({"working_hours": {"mon": [["09:00", "17:00"]]}}, True),
+        ({"timezone": "Asia/Tokyo"}, True),  # the same hours, read on another clock
+    ]
+    for body, expected in cases:
+        drains.clear()
+        with django_capture_on_commit_callbacks(execute=True):
+            r = api.patch(f"/api/v1/reps/{rep.id}/", body, format="json")
+        assert r.status_code == 200, r.content
+        assert drains == ([group.id] if expected else []), body
