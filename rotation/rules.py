@@ -201,6 +201,8 @@ def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
     if op == "not_in":
         return not _among(have, want)
     if op == "contains":
+        if _is_number(have):  # its digits, as the same attribute imported as text reads
+            have = str(have)
         return isinstance(have, str) and _norm(want) in _norm(have)
     if op in ("gte", "lte"):
         if isinstance(have, bool):

@@ -181,6 +181,10 @@ def test_a_boolean_is_not_the_number_one_or_zero(op, want, have, holds):
         ("not_in", [25], "nan", True),
         ("equals", HUGE, str(HUGE), True),
         ("equals", 5, "5" * 5000, False),
+        ("contains", "750", 75001, True),  # a postcode posted as a number, as imported text
+        ("contains", "750", "75001", True),
+        ("contains", "751", 75001, False),
+        ("contains", "tru", True, False),  # a boolean is not text
     ],
 )
 def test_text_matches_a_number_or_a_boolean_it_spells(op, want, have, holds):
