@@ -82,6 +82,8 @@ FREES_CAPACITY = frozenset({"active", "max_open", "max_per_day", "weight"})
 # Rep fields whose change can make the rep available now: re-activated, or working hours (or
 # the time zone they are read in) that take in the present moment.
 REP_FREES_CAPACITY = frozenset({"active", "working_hours", "timezone"})
+# Group fields whose change can let its queued leads be routed now.
+GROUP_FREES_CAPACITY = frozenset({"active", "timezone", "max_attempts"})
 
 
 def serialize_on(name: str) -> None:
@@ -114,8 +116,10 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
     group.full_clean()
     group.save()
     RotationState.objects.get_or_create(group=group)
-    if group.active and (change.created or "active" in change.fields):
-        capacity_freed(group_ids=[group.pk])  # a group (re)activated routes its queued leads
+    if group.active and (change.created or GROUP_FREES_CAPACITY.intersection(change.fields)):
+        # A group (re)activated routes its queued leads; a new time zone moves its day (the
+        # daily caps start again), and more attempts let escalated-out leads back in.
+        capacity_freed(group_ids=[group.pk])
     if not change.fields:
         return group  # an edit that changes nothing: no event
     audit_record(

@@ -276,3 +276,34 @@ def test_a_rep_whose_hours_now_take_in_the_present_asks_for_a_drain(
             r = api.patch(f"/api/v1/reps/{rep.id}/", body, format="json")
         assert r.status_code == 200, r.content
         assert drains == ([group.id] if expected else []), body
+
+
+@pytest.mark.django_db
+def test_group_changes_that_free_capacity_ask_for_a_drain(api, make_group, drains, django_capture_on_commit_callbacks):
+    group, _ = make_group(1, slug="emea")
+    cases = [
+        ({"max_attempts": 5}, True),  # leads that used up their attempts may go again
+        ({"max_attempts": 5}, False),  # sent again unchanged
+        ({"timezone": "Asia/Tokyo"}, True),  # another day boundary: daily caps start again
+        ({"name": "EMEA inbound"}, False),
+    ]
+    for body, expected in cases:
+        drains.clear()
+        with django_capture_on_commit_callbacks(execute=True):
+            r = api.patch("/api/v1/groups/emea/", body, format="json")
+        assert r.status_code == 200, r.content
+        assert drains == ([group.id] if expected else []), body
+
+
+@pytest.mark.django_db
+def test_more_attempts_let_a_lead_that_used_them_up_be_drained(api, make_group):
+    group, reps = make_group(3, slug="emea", sla_minutes="1", max_attempts=1)
+    lead = post(api, group="emea")
+    assignment = Assignment.objects.get(lead_id=lead["id"])
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    assert actions.lead_escalate(assignment_id=assignment.id).outcome == "queued"
+    group.max_attempts = 2
+    services.group_save(group=group, actor="t", changed=["max_attempts"])
+    assert actions.queue_drain(group_id=group.id) == 1
+    stored = Lead.objects.get(pk=lead["id"])
+    assert stored.status == "assigned" and stored.owner_id != reps[0].id  # never the rep that missed it
