@@ -41,17 +41,27 @@ def json_type_error(field: serializers.Field, value: Any) -> str | None:
     return None
 
 
+MAX_EMAIL = 254  # the email columns' length
+
+
 def ascii_email(value: str) -> str:
     """An address as stored and answered: trimmed, its domain in ASCII (IDNA: `bücher.example`
-    is `xn--bcher-kva.example`), so that every answer holding it is the schema's `email`."""
+    is `xn--bcher-kva.example`), so that every answer holding it is the schema's `email`.
+    The ASCII form is longer, and must still fit the column: checked here, not by the database."""
     value = value.strip()
     local, at, domain = value.rpartition("@")
     if not at or domain.isascii():
         return value
     try:
-        return f"{local}@{domain.encode('idna').decode('ascii')}"
+        value = f"{local}@{domain.encode('idna').decode('ascii')}"
     except UnicodeError:
         raise serializers.ValidationError("Enter a valid email address.") from None
+    if len(value) > MAX_EMAIL:
+        raise serializers.ValidationError(
+            f"Ensure this field has no more than {MAX_EMAIL} characters once its domain is in ASCII "
+            f"(it has {len(value)})."
+        )
+    return value
 
 
 class DecimalField(serializers.DecimalField):

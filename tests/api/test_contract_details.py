@@ -5,6 +5,7 @@ import pytest
 from django.test import Client
 
 from leads import actions
+from leads.models import Lead
 from rotation.models import Group
 from tests.conftest import lead_body
 
@@ -70,6 +71,26 @@ def test_an_email_with_a_non_ascii_domain_is_stored_and_answered_in_ascii(api, m
     assert rep["email"] == "rep@xn--bcher-kva.example"
     bad = api.post("/api/v1/leads/", lead_body(email="jane@" + "ü" * 70 + ".example"), format="json")
     assert bad.status_code == 400 and "email" in bad.json()
+
+
+def test_an_email_whose_ascii_form_outgrows_the_column_is_a_400_never_a_500(api, make_group):
+    make_group(1, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    # Valid and 158 characters as typed; 316 once each label of distinct CJK characters is IDNA.
+    labels = ["".join(chr(0x4E00 + 97 * i + 7 * j) for j in range(14)) for i in range(6)]
+    domain = ".".join(labels) + ".example"
+    email = "a" * 60 + "@" + domain
+    assert len(email) <= 254 < len("a" * 60 + "@" + domain.encode("idna").decode("ascii"))
+    api.raise_request_exception = False
+    for method, path, body in (
+        ("post", "/api/v1/leads/", {"email": email, "group": "emea"}),
+        ("post", "/api/v1/routing/simulate/", {"email": email}),
+        ("patch", f"/api/v1/leads/{lead_id}/", {"email": email}),
+        ("post", "/api/v1/reps/", {"name": "R", "email": email}),
+    ):
+        r = getattr(api, method)(path, body, format="json")
+        assert r.status_code == 400 and list(r.json()) == ["email"], (path, r.status_code, r.content)
+    assert Lead.objects.count() == 1
 
 
 def test_the_schema_states_the_limits_the_server_enforces():
