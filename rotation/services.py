@@ -14,6 +14,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Max, Model
+from django.http import Http404
 
 from audit.models import AuditEvent
 from audit.services import Event, audit_record, audit_record_many
@@ -84,6 +85,8 @@ FREES_CAPACITY = frozenset({"active", "max_open", "max_per_day", "weight"})
 REP_FREES_CAPACITY = frozenset({"active", "working_hours", "timezone"})
 # Group fields whose change can let its queued leads be routed now.
 GROUP_FREES_CAPACITY = frozenset({"active", "timezone", "max_attempts"})
+# Membership fields that escalation writes too (leads/actions.py, `_count_miss`).
+ESCALATION_WRITES = frozenset({"active", "paused_reason", "consecutive_misses"})
 
 
 def serialize_on(name: str) -> None:
@@ -226,11 +229,25 @@ def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None =
 
 @transaction.atomic
 def membership_update(*, membership: Membership, actor: str, changed: Iterable[str]) -> Membership:
+    # The member's row, as escalation takes it; removed meanwhile, the edit has nothing to write.
+    if not Membership.objects.select_for_update().filter(pk=membership.pk).exists():
+        raise Http404("No such member: removed from the group meanwhile.")
     change = _change(membership, [c for c in changed if c not in ("group", "rep", "group_id", "rep_id")])
+    # Escalation counts SLA misses and auto-pauses the member under its own lock, between this
+    # edit's read and its write: those fields are written only when this edit changes them, or
+    # the row as read before would undo the pause (unaudited) or the miss count.
+    written = [
+        f.attname
+        for f in Membership._meta.concrete_fields
+        if not f.primary_key and (f.attname not in ESCALATION_WRITES or f.attname in change.fields)
+    ]
     if "active" in change.fields and membership.active:
         # Un-paused (by hand, or after an auto-pause): the miss count starts again.
         membership.paused_reason, membership.consecutive_misses = "", 0
-    membership.save()
+        written += ["paused_reason", "consecutive_misses"]
+    membership.save(update_fields=written)
+    if unwritten := sorted(ESCALATION_WRITES.difference(written)):
+        membership.refresh_from_db(fields=unwritten)  # answered as stored: paused meanwhile, it says so
     if membership.active and FREES_CAPACITY.intersection(change.fields):
         capacity_freed(group_ids=[membership.group_id])  # un-paused or a cap raised: drain the queue
     if not change.fields:

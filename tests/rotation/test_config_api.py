@@ -1,8 +1,10 @@
 """Groups, reps and memberships over the API (manage scope), each change audited."""
 
 import pytest
+from django.http import Http404
 
 from audit.models import AuditEvent
+from rotation import services
 from rotation.models import Group, Membership, RotationState
 from tests.conftest import lead_body
 from tests.factories import RepFactory
@@ -232,6 +234,30 @@ def test_patching_an_active_member_active_again_keeps_its_sla_miss_streak(api, m
     assert member.consecutive_misses == 2 and member.max_open == 5
     event = AuditEvent.objects.filter(type="membership.changed").latest("id")
     assert event.explanation["changes"] == {"max_open": 5} and event.explanation["before"] == {"max_open": None}
+
+
+def test_a_member_patch_writes_only_the_fields_it_changes(make_group):
+    """A PATCH reads the member, then writes it: an SLA miss counted, or an auto-pause, that
+    commits in between (escalation's own locked write) is kept, not reverted unaudited."""
+    group, (rep,) = make_group(1, slug="emea")
+    member = Membership.objects.get(group=group)  # as the PATCH read it
+    paused = "auto-paused after 3 consecutive SLA misses"
+    Membership.objects.filter(pk=member.pk).update(active=False, paused_reason=paused, consecutive_misses=3)
+    member.weight = 2
+    answered = services.membership_update(membership=member, actor="test", changed=["weight"])
+    assert (answered.active, answered.paused_reason) == (False, paused)
+    stored = Membership.objects.get(pk=member.pk)
+    assert (stored.weight, stored.active, stored.paused_reason, stored.consecutive_misses) == (2, False, paused, 3)
+    # Un-paused by hand, the streak starts again.
+    stored.active = True
+    services.membership_update(membership=stored, actor="test", changed=["active"])
+    stored = Membership.objects.get(pk=member.pk)
+    assert (stored.active, stored.paused_reason, stored.consecutive_misses) == (True, "", 0)
+    # Removed meanwhile: the edit writes nothing back (a 404 over the API).
+    Membership.objects.filter(pk=member.pk).delete()
+    with pytest.raises(Http404):
+        services.membership_update(membership=stored, actor="test", changed=["weight"])
+    assert not Membership.objects.filter(pk=member.pk).exists()
 
 
 def test_a_weighted_member_removed_and_added_back_before_the_next_lead_is_a_new_joiner(api, make_group):
