@@ -47,6 +47,13 @@ class MembershipForm(forms.ModelForm):
         model = Membership
         fields = ("rep", "position", "weight", "active", "max_open", "max_per_day")
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            # A member row is one rep's place in the rotation: another rep is a removal and a
+            # joiner (both audited), not an edit that would hand over its position and counts.
+            self.fields["rep"].disabled = True
+
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         self.auto_position = cleaned.get("position") is None

@@ -268,3 +268,27 @@ def test_a_groups_slug_cannot_be_renamed_in_the_admin(staff, api, make_group):
     group.refresh_from_db()
     assert (group.slug, group.name) == ("emea", "EMEA inbound")
     assert api.post("/api/v1/leads/", lead_body(group="emea"), format="json").status_code == 201
+
+
+def test_an_existing_member_rows_rep_cannot_be_swapped_in_the_admin(staff, make_group):
+    group, (a, b) = make_group(2, slug="emea")
+    other = RepFactory()
+    ma, mb = Membership.objects.filter(group=group).order_by("position")
+    data = group_form(slug="emea", name=group.name)
+    data.update(inline_management("memberships", 2, 2))
+    for i, (m, rep) in enumerate(((ma, other), (mb, b))):  # the first row's rep "changed"
+        data.update(
+            {
+                f"memberships-{i}-id": m.pk,
+                f"memberships-{i}-group": group.pk,
+                f"memberships-{i}-rep": rep.pk,
+                f"memberships-{i}-position": str(m.position),
+                f"memberships-{i}-weight": "1",
+                f"memberships-{i}-active": "on",
+            }
+        )
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 302, r.content.decode()[:3000]
+    ma.refresh_from_db()
+    assert ma.rep_id == a.pk
+    assert not Membership.objects.filter(group=group, rep=other).exists()
