@@ -219,7 +219,11 @@ def test_a_member_whose_rep_is_no_id_is_a_form_error(make_group):
     data = form_of(client.get(url))
     rep_fields = [name for name in data if name.startswith("memberships-") and name.endswith("-rep")]
     assert rep_fields, sorted(data)
+    # An existing row's rep is fixed (ignored when posted); a new row takes the bad id.
     data[rep_fields[0]] = ["abc"]
+    total = int(data["memberships-TOTAL_FORMS"][0])
+    data["memberships-TOTAL_FORMS"] = [str(total + 1)]
+    data.update({f"memberships-{total}-rep": ["abc"], f"memberships-{total}-weight": ["1"]})
     r = client.post(url, data)
     assert r.status_code == 200 and b"errorlist" in r.content, r.content[:300]
     assert group.memberships.get().rep_id == rep.pk
