@@ -228,15 +228,41 @@ def hook_release(*, delivery: HookDelivery) -> None:
 # --- bodies and field mapping ----------------------------------------------------------------
 
 
+_NUL = "The body holds a NUL character (\\u0000), which cannot be stored."
+
+
+def _holds_nul(payload: Any) -> bool:
+    """Whether a NUL is in any key or string of the payload, at any depth (iteratively: a
+    payload nested as deep as the parser allows is walked without recursion)."""
+    stack = [payload]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
 def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
+    """The posted fields. A NUL anywhere is refused: the payload is kept as posted (jsonb on
+    PostgreSQL, which cannot hold one), including the fields the source's map drops."""
     media = content_type.split(";")[0].strip().lower()
     if media == "application/json" or media.endswith("+json"):
         try:
-            payload = json_loads_client(body.decode("utf-8"))
+            text = body.decode("utf-8")
+            payload = json_loads_client(text)
         except ValueError as exc:  # UnicodeDecodeError included
             raise BadBody(f"The body is not valid JSON: {exc}.") from None
         if not isinstance(payload, dict):
             raise BadBody("The body must be a JSON object.")
+        # A NUL can only arrive escaped: walk the payload only when the text has such an escape.
+        if "\\u0000" in text and _holds_nul(payload):
+            raise BadBody(_NUL)
         return payload
     if media == "application/x-www-form-urlencoded":
         try:
@@ -246,6 +272,8 @@ def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
             )
         except (UnicodeDecodeError, ValueError):
             raise BadBody("The body is not valid form data (UTF-8, at most 200 fields).") from None
+        if any("\x00" in key or "\x00" in value for key, value in pairs):
+            raise BadBody(_NUL)
         return dict(pairs)  # a repeated field keeps its last value
     raise UnsupportedBody(f"Unsupported content type '{media[:100]}': send application/json or form data.")
 

@@ -100,6 +100,27 @@ def test_form_escapes_that_are_not_utf8_are_a_400_not_replacement_characters(sou
     assert ok.status_code == 201 and Lead.objects.get().first_name == "René"
 
 
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b'{"your-email": "nul@acme.example", "junk": "a\\u0000b"}', "application/json"),
+        (b'{"your-email": "nul@acme.example", "ju\\u0000nk": "x"}', "application/json"),
+        (b'{"your-email": "nul@acme.example", "junk": {"deep": ["\\u0000"]}}', "application/json"),
+        (b"your-email=nul%40acme.example&junk=a%00b", "application/x-www-form-urlencoded"),
+    ],
+)
+def test_a_nul_in_a_field_the_map_drops_is_a_400_not_a_500(source, make_group, body, content_type):
+    """Unmapped fields are kept in the raw payload (jsonb, which cannot hold a NUL)."""
+    make_group(1, slug="emea", is_default=True)
+    r = post_signed(source, body, content_type=content_type)
+    assert r.status_code == 400 and "NUL" in r.json()["detail"], r.content
+    assert not Lead.objects.exists()
+    # A literal backslash before "u0000" is text, not a NUL.
+    r = post_signed(source, b'{"your-email": "nul@acme.example", "junk": "a\\\\u0000b"}')
+    assert r.status_code == 201, r.content
+    assert Lead.objects.get().raw_payload["junk"] == "a\\u0000b"
+
+
 def test_form_values_as_json_text_or_numbers_are_taken_as_they_come(source, make_group):
     """A form service's JSON carries what the visitor typed, as text or numbers: coerced here,
     unlike the typed REST API, which answers a number for a string field with a 400."""
