@@ -22,6 +22,15 @@ _COMMON = {
     "403": "The token lacks the scope this endpoint needs.",
     "429": "Over the client's rate limit; retry after `Retry-After` seconds.",
 }
+_WRITE = {
+    "409": "Conflicts with a change made at the same time (or with the object's state); read it and retry.",
+}
+_EVERY = {
+    "503": "The database is unavailable, or a row this request needs is busy; retry after `Retry-After` seconds.",
+}
+# Posted to, but write nothing (what-if answers): nothing of theirs can conflict with a write.
+_WRITES_NOTHING = {("post", "/api/v1/routing/simulate/"), ("post", "/api/v1/routing/replay/")}
+_RETRY_AFTER = {"schema": {"type": "integer"}, "description": "Seconds to wait."}
 _BODY = {
     "400": "Validation error naming every bad field.",
     "413": "Request body over 64 KiB.",
@@ -44,9 +53,11 @@ def document_common_errors(result: dict[str, Any], generator: Any, request: Any,
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
             responses = operation["responses"]
-            wanted: dict[str, str] = {}
+            wanted: dict[str, str] = dict(_EVERY)
             if operation.get("security"):
                 wanted.update(_COMMON)
+                if method in ("post", "put", "patch", "delete") and (method, path) not in _WRITES_NOTHING:
+                    wanted.update(_WRITE)
             if "requestBody" in operation or method in ("post", "put", "patch"):
                 wanted.update(_BODY)
             if "{" in path:
@@ -60,10 +71,10 @@ def document_common_errors(result: dict[str, Any], generator: Any, request: Any,
                 if code not in responses:
                     ref = "#/components/schemas/ValidationErrorBody" if code == "400" else error_ref
                     responses[code] = _response(description, ref)
-                    if code == "429":
-                        responses[code]["headers"] = {
-                            "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}
-                        }
+            # Both are sent with Retry-After, also where the view documents the status itself.
+            for code in ("429", "503"):
+                if code in responses:
+                    responses[code].setdefault("headers", {}).setdefault("Retry-After", _RETRY_AFTER)
     return result
 
 

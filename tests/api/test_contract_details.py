@@ -113,3 +113,23 @@ def test_a_lead_patch_with_an_email_that_cannot_be_ascii_names_the_field(api, ma
     lead = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
     r = api.patch(f"/api/v1/leads/{lead['id']}/", {"email": "a@" + "ü" * 60 + ".example"}, format="json")
     assert r.status_code == 400 and list(r.json()) == ["email"], r.json()
+
+
+def test_the_schema_documents_the_busy_and_conflict_answers_with_retry_after():
+    """A write racing another one is a 409 and a row held past the lock timeout (or the
+    database away) a 503 with Retry-After (tests/rotation/test_config_concurrency.py): the
+    schema says so for every operation, and documents Retry-After wherever 429 or 503 is."""
+    paths = Client().get("/api/schema/?format=json").json()["paths"]
+    operations = [(f"{m.upper()} {p}", op) for p, item in paths.items() for m, op in item.items()]
+    assert operations
+    for label, operation in operations:
+        responses = operation["responses"]
+        assert "503" in responses, label
+        for code in ("429", "503"):
+            if code in responses:
+                assert "Retry-After" in responses[code].get("headers", {}), f"{label} {code}"
+    members = paths["/api/v1/groups/{group_slug}/members/"]["post"]["responses"]
+    assert {"409", "503"} <= set(members)
+    assert "409" in paths["/api/v1/groups/{group_slug}/members/{rep_id}/"]["delete"]["responses"]
+    assert "409" not in paths["/api/v1/groups/{slug}/"]["get"]["responses"]
+    assert "409" not in paths["/api/v1/routing/simulate/"]["post"]["responses"]  # writes nothing
