@@ -26,6 +26,7 @@ _WRITE = {
     "409": "Conflicts with a change made at the same time (or with the object's state); read it and retry.",
 }
 _EVERY = {
+    "406": "The Accept header excludes JSON, the only type this API answers in.",
     "503": "The database is unavailable, or a row this request needs is busy; retry after `Retry-After` seconds.",
 }
 # Posted to, but write nothing (what-if answers): nothing of theirs can conflict with a write.

@@ -133,3 +133,14 @@ def test_the_schema_documents_the_busy_and_conflict_answers_with_retry_after():
     assert "409" in paths["/api/v1/groups/{group_slug}/members/{rep_id}/"]["delete"]["responses"]
     assert "409" not in paths["/api/v1/groups/{slug}/"]["get"]["responses"]
     assert "409" not in paths["/api/v1/routing/simulate/"]["post"]["responses"]  # writes nothing
+
+
+@pytest.mark.parametrize(("method", "path"), [("post", "/api/v1/leads/"), ("get", "/api/v1/groups/")])
+def test_an_accept_header_without_json_is_a_documented_406(api, method, path):
+    if method == "post":
+        r = api.post(path, {"email": "a@b.example"}, format="json", HTTP_ACCEPT="text/html")
+    else:
+        r = api.get(path, HTTP_ACCEPT="text/html")
+    assert r.status_code == 406 and "detail" in r.json()
+    operation = Client().get("/api/schema/?format=json").json()["paths"][path][method]
+    assert "406" in operation["responses"]
