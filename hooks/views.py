@@ -92,7 +92,9 @@ class HookView(APIView):
             429: OpenApiResponse(ERROR, description="Over the source's rate limit; see `Retry-After`."),
             503: ERROR,
         },
-        examples=[OpenApiExample("form", value={"your-email": "jane@acme.example", "company": "Acme"})],
+        examples=[
+            OpenApiExample("form", value={"your-email": "jane@acme.example", "company": "Acme"}, request_only=True)
+        ],
         auth=[],
     )
     def post(self, request: Request, source: str) -> HttpResponse:

@@ -144,3 +144,12 @@ def test_an_accept_header_without_json_is_a_documented_406(api, method, path):
     assert r.status_code == 406 and "detail" in r.json()
     operation = Client().get("/api/schema/?format=json").json()["paths"][path][method]
     assert "406" in operation["responses"]
+
+
+def test_the_signed_intake_example_is_a_request_example_only():
+    """The form's fields are what a form posts, not what intake answers (id, status, ...)."""
+    operation = Client().get("/api/schema/?format=json").json()["paths"]["/api/v1/hooks/{source}/"]["post"]
+    assert "examples" in operation["requestBody"]["content"]["application/json"]
+    for code, response in operation["responses"].items():
+        for media in response.get("content", {}).values():
+            assert "examples" not in media, code
