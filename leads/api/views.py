@@ -57,9 +57,10 @@ def _printable_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and all(0x20 <= ord(ch) < 0x7F for ch in key)
 
 
-@extend_schema_field({"type": "integer", "minimum": 1})
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": 2**63 - 1})
 class IdFilter(django_filters.NumberFilter):
-    """A row id: a whole number (a decimal one, `?owner=3.9`, is a 400, never rep 3)."""
+    """A row id: a whole number (a decimal one, `?owner=3.9`, is a 400, never rep 3), within
+    the range of the id column (the filters give it as `max_value`)."""
 
     field_class = forms.IntegerField
 

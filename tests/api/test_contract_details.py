@@ -106,6 +106,8 @@ def test_the_schema_states_the_limits_the_server_enforces():
     (key,) = [p for p in intake["parameters"] if p["name"] == "Idempotency-Key"]
     assert key["schema"]["maxLength"] == 255 and key["schema"]["minLength"] == 1
     assert "411" in intake["responses"]  # a chunked body (routing_project/middleware.py)
+    (owner,) = [p for p in schema["paths"]["/api/v1/leads/"]["get"]["parameters"] if p["name"] == "owner"]
+    assert owner["schema"] == {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}  # ?owner=2**63 is a 400
 
 
 def test_a_lead_patch_with_an_email_that_cannot_be_ascii_names_the_field(api, make_group):
