@@ -48,6 +48,17 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     required=False,
     description="1-255 printable characters; a retry with the same key and body replays the first response.",
 )
+REPLAYED = OpenApiParameter(
+    "Idempotent-Replayed",
+    str,
+    OpenApiParameter.HEADER,
+    enum=["true"],
+    response=[200],
+    description="`true` when the answer replays the first one to this Idempotency-Key (absent on a duplicate).",
+)
+LOCATION = OpenApiParameter(
+    "Location", str, OpenApiParameter.HEADER, required=True, response=[201], description="The lead's URL."
+)
 COMMON_ERRORS = {401: ERROR, 403: ERROR}
 
 logger = logging.getLogger(__name__)
@@ -126,7 +137,7 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
 
     @extend_schema(
         request=LeadInSerializer,
-        parameters=[IDEMPOTENCY_KEY],
+        parameters=[IDEMPOTENCY_KEY, REPLAYED, LOCATION],
         responses={
             201: LeadSerializer,
             200: OpenApiResponse(LeadSerializer, description="Idempotent replay, or a duplicate (`duplicate_of`)."),

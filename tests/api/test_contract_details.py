@@ -155,3 +155,15 @@ def test_the_signed_intake_example_is_a_request_example_only():
     for code, response in operation["responses"].items():
         for media in response.get("content", {}).values():
             assert "examples" not in media, code
+
+
+def test_the_schema_documents_the_headers_of_intakes_answers(api, make_group):
+    make_group(1, slug="emea")
+    body = lead_body(group="emea")
+    first = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "headers-1"})
+    replay = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "headers-1"})
+    assert (first.status_code, replay.status_code, replay["Idempotent-Replayed"]) == (201, 200, "true")
+    assert first["Location"] == f"/api/v1/leads/{first.json()['id']}/"
+    responses = Client().get("/api/schema/?format=json").json()["paths"]["/api/v1/leads/"]["post"]["responses"]
+    assert responses["200"]["headers"]["Idempotent-Replayed"]["schema"]["enum"] == ["true"]
+    assert responses["201"]["headers"]["Location"]["required"] is True
