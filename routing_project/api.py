@@ -1,6 +1,5 @@
 """Pieces every app's API shares."""
 
-import codecs
 import json
 import re
 from decimal import Decimal
@@ -156,8 +155,14 @@ class StrictJSONParser(parsers.JSONParser):
     """DRF's JSON parser with `json_loads_client`'s checks: each is a 400, never a 500."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        # The request's charset: any codec Python knows (Django keeps only a known one).
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
-            return json_loads_client(codecs.getreader(encoding)(stream).read())
+            # bytes.decode, not codecs.getreader: it takes text encodings only, where a reader
+            # of rot13, zlib, bz2 or quopri fails in ways of its own (TypeError, zlib.error,
+            # OSError) and one of base64 decodes into bytes.
+            return json_loads_client(stream.read().decode(encoding))
+        except LookupError:
+            raise ParseError(f"JSON parse error - '{encoding[:40]}' is not a text encoding: send UTF-8.") from None
         except ValueError as exc:  # UnicodeDecodeError included
             raise ParseError(f"JSON parse error - {exc}") from None

@@ -105,3 +105,23 @@ def test_options_on_the_docs_page_is_not_a_500():
     r = Client().options("/api/docs/")
     assert r.status_code == 405
     assert Client().get("/api/docs/").status_code == 200
+
+
+@pytest.mark.parametrize("charset", ["rot13", "zlib", "bz2", "quopri", "base64"])
+@pytest.mark.parametrize("path", ["/api/v1/leads/", "/api/v1/routing/simulate/", "/api/v1/groups/"])
+def test_a_charset_that_is_no_text_encoding_is_a_400(api, path, charset):
+    """Python knows these codecs, so Django keeps them as the request's encoding, but they turn
+    bytes into bytes (or text into text): a 400 naming the charset, never a 500."""
+    body = json.dumps({"email": "codec@customer.example", "slug": "g", "name": "G"})
+    r = api.post(path, body, content_type=f"application/json; charset={charset}")
+    assert r.status_code == 400, r.content
+    assert f"'{charset}' is not a text encoding" in r.json()["detail"]
+    assert not Lead.objects.exists() and not Group.objects.exists()
+
+
+def test_a_body_in_the_charset_it_names_is_taken(api, make_group):
+    make_group(1, slug="north")
+    body = json.dumps({"email": "latin@customer.example", "group": "north", "first_name": "Zoé"}, ensure_ascii=False)
+    r = api.post("/api/v1/leads/", body.encode("latin-1"), content_type="application/json; charset=latin-1")
+    assert r.status_code == 201, r.content
+    assert Lead.objects.get().first_name == "Zoé"
