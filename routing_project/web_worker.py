@@ -115,6 +115,21 @@ class BalancedThreadWorker(ThreadWorker):
             _conns[self.row] = _NOT_LISTENING
         super().handle_exit(sig, frame)
 
+    quitting = False
+
+    def handle_quit(self, sig: Any, frame: Any) -> None:
+        """Quits once. Ctrl-C sends SIGINT to the whole process group, so a worker gets it
+        from the terminal and then SIGQUIT from the master, often while the first handler
+        is still in the thread pool's shutdown: gthread's handler, run again there, waits
+        for the pool's lock its own first run holds, and the worker hangs until the master
+        kills it after the graceful timeout (30 s). The second signal has nothing to add."""
+        if self.quitting:
+            return
+        self.quitting = True
+        if self.row is not None:
+            _conns[self.row] = _NOT_LISTENING
+        super().handle_quit(sig, frame)
+
 
 class AccessLogger(glogging.Logger):
     """gunicorn's logger, its lines handed to the product's logging (gunicorn.conf.py:

@@ -171,3 +171,46 @@ def test_a_worker_sets_the_loaded_application_apart_from_the_garbage_collector(t
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     frozen, scanned = map(int, done.stdout.split()[-2:])
     assert frozen > 50_000 and scanned < frozen / 10, done.stdout
+
+
+def test_a_second_quit_signal_during_the_first_does_not_hang_the_worker():
+    """Ctrl-C sends SIGINT to every process of `make run`, and the master then sends its
+    workers SIGQUIT: the second signal's handler can run inside the first one, while the
+    thread pool's shutdown holds its lock. The worker must still exit at once, not wait
+    for the master's SIGKILL after the graceful timeout."""
+    import threading
+    import types
+    from concurrent import futures
+
+    worker = web_worker.BalancedThreadWorker.__new__(web_worker.BalancedThreadWorker)
+    worker.alive = True
+    worker.cfg = types.SimpleNamespace(worker_int=lambda _worker: None)
+    worker.tpool = futures.ThreadPoolExecutor(max_workers=1)  # no thread started: nothing to join
+    queue = worker.tpool._work_queue
+
+    class SignalInsideShutdown:
+        """The pool's queue, whose first put (made under the pool's shutdown lock) is
+        interrupted by the master's SIGQUIT."""
+
+        interrupted = False
+
+        def put(self, item: object) -> None:
+            if not self.interrupted:
+                self.interrupted = True
+                worker.handle_quit(signal.SIGQUIT, None)
+            queue.put(item)
+
+    worker.tpool._work_queue = SignalInsideShutdown()
+    exited: list[int] = []
+
+    def quit_on_ctrl_c() -> None:
+        try:
+            worker.handle_quit(signal.SIGINT, None)
+        except SystemExit as exit_:
+            exited.append(exit_.code)
+
+    thread = threading.Thread(target=quit_on_ctrl_c, daemon=True)
+    thread.start()
+    thread.join(timeout=5)
+    assert not thread.is_alive(), "the worker hung on its second quit signal"
+    assert exited == [0] and not worker.alive
