@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -32,6 +33,8 @@ api_v1: list[URLPattern | URLResolver] = [
 ]
 
 urlpatterns = [
+    # The address make run prints, and the admin's "View site": there is no page of its own.
+    path("", RedirectView.as_view(url="/admin/"), name="home"),
     path("admin/dashboard/", admin.site.admin_view(admin_views.dashboard_page), name="admin-dashboard"),
     path("admin/lead-import/", admin.site.admin_view(admin_views.import_page), name="admin-lead-import"),
     path("admin/", admin.site.urls),
