@@ -15,6 +15,7 @@ mkdir -p var/log
 export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/metrics}
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
+"$VENV/bin/python" manage.py create_database  # PostgreSQL: the DATABASE_URL's database, if missing
 "$VENV/bin/python" manage.py migrate --noinput -v 0
 "$VENV/bin/python" manage.py seed_demo --base-url "http://$HOST:$PORT" ${ADMIN_PASSWORD:+--admin-password "$ADMIN_PASSWORD"}
 
