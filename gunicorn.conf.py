@@ -26,8 +26,8 @@ threads = int(os.environ.get("WEB_THREADS", 8))
 worker_class = "routing_project.web_worker.BalancedThreadWorker"  # gthread, see its docstring
 timeout = int(os.environ.get("WEB_TIMEOUT", 30))
 keepalive = 5
-max_requests = 10000
-max_requests_jitter = 1000
+max_requests = int(os.environ.get("WEB_MAX_REQUESTS", 100000))  # see the README (web server)
+max_requests_jitter = max_requests // 10
 accesslog = os.environ.get("WEB_ACCESS_LOG", None)
 logger_class = "routing_project.web_worker.AccessLogger"  # its access lines only on WEB_ACCESS_LOG
 # gunicorn's control socket defaults to one path per user (~/.gunicorn/gunicorn.ctl), shared by
