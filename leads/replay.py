@@ -143,11 +143,11 @@ def _apply_group(group: GroupConfig, spec: Any, where: str, errors: list[str]) -
         errors.append(f"{where}.members: an object keyed by rep id.")
         return
     for key, override in members.items():
-        try:
-            rep_id = int(key)
-        except (TypeError, ValueError):
+        # The id as the API gives it: ASCII digits only (int() also reads " 1", "1_0" and "١").
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
             errors.append(f"{where}.members: '{key}' is not a rep id.")
             continue
+        rep_id = int(key)
         member = group.members.get(rep_id)
         if member is None:
             errors.append(f"{where}.members: rep {rep_id} is not a member of '{group.slug}'.")

@@ -274,6 +274,8 @@ def test_a_proposed_rule_into_a_group_idle_in_the_window_starts_from_its_rotatio
         ({"config": {"members": {"1": {"weight": 2}}}}, "config", "name it in 'group'"),
         ({"group": "pool", "config": {"strategy": "random"}}, "config", "strategy: one of"),
         ({"group": "pool", "config": {"members": {"999999": {"weight": 2}}}}, "config", "not a member"),
+        ({"group": "pool", "config": {"members": {" {a}": {"weight": 2}}}}, "config", "is not a rep id"),
+        ({"group": "pool", "config": {"members": {"\u0661": {"weight": 2}}}}, "config", "is not a rep id"),
         ({"group": "pool", "config": {"members": {"{a}": {"weight": 0}}}}, "config", "weight must be"),
         ({"group": "pool", "config": {"members": {"{a}": {"speed": 1}}}}, "config", "unknown key 'speed'"),
         (
