@@ -5,7 +5,7 @@ from zoneinfo import ZoneInfo
 from django import forms
 from django.contrib import admin
 from django.core.validators import DomainNameValidator
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Max, QuerySet
 from django.forms import BaseInlineFormSet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
@@ -17,6 +17,7 @@ from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin
 from . import services
 from .domains import domain_unicode
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule
+from .services import MAX_POSITION
 
 
 def admin_actor(request: HttpRequest) -> str:
@@ -39,7 +40,7 @@ class MembershipForm(forms.ModelForm):
     position = forms.IntegerField(
         required=False,
         min_value=0,
-        max_value=1_000_000,  # as the API: far past it, appending would overflow the column
+        max_value=MAX_POSITION,  # as the API: far past it, appending would overflow the column
         help_text="Leave empty to append at the end of the rotation.",
     )
 
@@ -57,6 +58,11 @@ class MembershipForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
         self.auto_position = cleaned.get("position") is None
+        group_id = self.instance.group_id if self.instance.pk is None else None
+        if self.auto_position and group_id is not None:
+            top = Membership.objects.filter(group_id=group_id).aggregate(m=Max("position"))["m"]
+            if top is not None and top >= MAX_POSITION:
+                self.add_error("position", f"The last position is {MAX_POSITION:,}, the highest: give a free one.")
         if self.auto_position:
             # A distinct placeholder for validation; the service allocates the real one under the lock.
             cleaned["position"] = next(_PLACEHOLDER_POSITIONS)

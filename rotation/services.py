@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import Max, Model
 from django.http import Http404
@@ -78,6 +79,8 @@ def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
     return _Change(False, fields, {name: _plain(stored[name]) for name in fields})
 
 
+# The highest position the API and the admin take (far past it, appending would overflow).
+MAX_POSITION = 1_000_000
 # Membership fields whose change can let a member take more leads.
 FREES_CAPACITY = frozenset({"active", "max_open", "max_per_day", "weight"})
 # Rep fields whose change can make the rep available now: re-activated, or working hours (or
@@ -206,7 +209,12 @@ def next_position(group: Group) -> int:
     state = _rotation_row_locked(group.pk)
     top = Membership.objects.filter(group=group).aggregate(m=Max("position"))["m"]
     after_last = 0 if top is None else top + 1
-    return max(after_last, state.pointer if state else 0)
+    position = max(after_last, state.pointer if state else 0)
+    if position > MAX_POSITION:
+        raise ValidationError(
+            {"position": [f"The last position is {MAX_POSITION:,}, the highest: give this member a free position."]}
+        )
+    return position
 
 
 @transaction.atomic

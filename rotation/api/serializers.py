@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from rotation.eligibility import validate_working_hours
 from rotation.models import Group, Membership, Rep
+from rotation.services import MAX_POSITION
 from routing_project.api import DecimalField, RejectUnknownFieldsMixin, ascii_email
 
 
@@ -72,7 +73,7 @@ class RepSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     rep = serializers.PrimaryKeyRelatedField(queryset=Rep.objects.all())
     name = serializers.CharField(source="rep.name", read_only=True)
-    position = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    position = serializers.IntegerField(min_value=0, max_value=MAX_POSITION, required=False)
     weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     max_open = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
     max_per_day = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)

@@ -292,3 +292,15 @@ def test_an_existing_member_rows_rep_cannot_be_swapped_in_the_admin(staff, make_
     ma.refresh_from_db()
     assert ma.rep_id == a.pk
     assert not Membership.objects.filter(group=group, rep=other).exists()
+
+
+def test_a_new_member_row_past_the_highest_position_is_a_form_error(staff, make_group):
+    group, (a,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(position=1_000_000)
+    other = RepFactory()
+    data = group_form(slug="emea", name=group.name)
+    data.update(inline_management("memberships", 1, 0))
+    data.update({"memberships-0-rep": other.pk, "memberships-0-weight": "1", "memberships-0-active": "on"})
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 200 and "the highest" in r.content.decode()
+    assert not Membership.objects.filter(group=group, rep=other).exists()

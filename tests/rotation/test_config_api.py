@@ -272,3 +272,19 @@ def test_a_weighted_member_removed_and_added_back_before_the_next_lead_is_a_new_
     (member,) = [m for m in api.get("/api/v1/groups/emea/rotation/").json()["members"] if m["rep"]["id"] == b.pk]
     assert member["current_weight"] is None  # as a rep that never was a member
     assert RotationState.objects.get(group=group).pointer > 0  # the pointer is untouched
+
+
+def test_appending_past_the_highest_position_is_a_400_naming_it(api, make_group):
+    """A member moved to the last position (1,000,000): the next joiner left to be appended
+    would take a position no member may have; it is told to give one instead."""
+    from tests.factories import RepFactory
+
+    group, (a,) = make_group(1, slug="pool")
+    r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": 1_000_000}, format="json")
+    assert r.status_code == 200, r.content
+    b = RepFactory()
+    r = api.post("/api/v1/groups/pool/members/", {"rep": b.id}, format="json")
+    assert r.status_code == 400 and "highest" in r.json()["position"][0], r.content
+    assert not group.memberships.filter(rep=b).exists()
+    r = api.post("/api/v1/groups/pool/members/", {"rep": b.id, "position": 3}, format="json")
+    assert r.status_code == 201, r.content
