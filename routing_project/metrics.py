@@ -146,8 +146,13 @@ def sla_breach_recorded(*, group: str | None) -> None:
     SLA_BREACHES.labels(_group(group)).inc()
 
 
+# The client chooses the method token (any word is accepted and answered 405): a label value
+# per made-up method would grow the series without bound.
+_HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 def http_request_observed(*, method: str, view: str, status: int, seconds: float) -> None:
-    HTTP_SECONDS.labels(method, view, str(status)).observe(seconds)
+    HTTP_SECONDS.labels(method if method in _HTTP_METHODS else "other", view, str(status)).observe(seconds)
 
 
 class DatabaseGauges(Collector):

@@ -230,3 +230,16 @@ def test_serve_metrics_without_a_sample_directory_says_what_to_set(monkeypatch):
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     with pytest.raises(CommandError, match="Set PROMETHEUS_MULTIPROC_DIR"):
         call_command("serve_metrics")
+
+
+@pytest.mark.django_db
+def test_http_methods_a_client_makes_up_share_one_label():
+    """A client chooses the method token: each new one must not make a new series."""
+    client = APIClient()
+    for method in ("BREW", "X-1f3a9c", "PROPFIND"):
+        assert client.generic(method, "/healthz").status_code == 405
+    samples = scrape()
+    methods = {dict(labels).get("method") for name, labels in samples if name.startswith("leadrouter_http_request")}
+    assert {"BREW", "X-1F3A9C", "PROPFIND"}.isdisjoint(methods)
+    name = "leadrouter_http_request_duration_seconds_count"
+    assert value(samples, name, method="other", view="healthz", status="405") >= 3
