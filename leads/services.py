@@ -273,11 +273,14 @@ def lead_intake(
         if job.config_checked:
             configcache.confirm()
     # Counted once the lead is taken in: not for an attempt answered again (StaleConfiguration).
-    metrics.lead_received(group=resolution.group.slug if resolution.group else None)
+    # How it ended is counted under the same group, so that per group received = routed +
+    # queued + duplicate (a duplicate's open lead may be in another group).
+    group = resolution.group.slug if resolution.group else None
+    metrics.lead_received(group=group)
     if not result.body:
         result.body = render(result.lead, result.duplicate_of)
     metrics.intake_finished(
-        group=result.lead.group.slug if result.lead.group else None,
+        group=group,
         status=result.lead.status,
         duplicate=result.duplicate_of is not None,
         seconds=time.perf_counter() - started,

@@ -243,3 +243,22 @@ def test_http_methods_a_client_makes_up_share_one_label():
     assert {"BREW", "X-1F3A9C", "PROPFIND"}.isdisjoint(methods)
     name = "leadrouter_http_request_duration_seconds_count"
     assert value(samples, name, method="other", view="healthz", status="405") >= 3
+
+
+@pytest.mark.django_db
+def test_a_duplicate_of_another_groups_lead_counts_where_it_was_received(make_group, post_lead):
+    """Per group, received = routed + queued + duplicate: dedup spans groups, and a lead
+    resolved to one group that duplicates an open lead of another counts in its own."""
+    first, _ = make_group(2)
+    second, _ = make_group(2)
+    assert post_lead(group=first.slug, email="twice@customer.example").status_code == 201
+    before = scrape()
+    assert post_lead(group=second.slug, email="twice@customer.example").json()["duplicate_of"] is not None
+    after = scrape()
+
+    def delta(name: str, group) -> float:
+        return value(after, name, group=group.slug) - value(before, name, group=group.slug)
+
+    assert delta("leadrouter_leads_received_total", second) == 1
+    assert delta("leadrouter_leads_duplicate_total", second) == 1
+    assert delta("leadrouter_leads_duplicate_total", first) == 0
