@@ -19,10 +19,11 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from rotation.models import Group, Membership
 
-from .models import Assignment, Lead
+from .models import Assignment, Lead, LeadStatus
 
 QUEUE_POINTS = 48
-# Queue episodes older than this before the window are not looked for (bounds the query).
+# Queue episodes older than this before the window are not looked for (bounds the query),
+# except those of the leads queued now.
 QUEUE_LOOKBACK = timedelta(days=30)
 
 
@@ -199,7 +200,12 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
             rep_id__isnull=True,
             group__in=list(panels),
             at__lt=until,
-            at__gte=since - QUEUE_LOOKBACK,
+        )
+        # A lead still in the queue is looked for however long ago it entered it (else one
+        # stuck there for longer than the lookback would drop out of "queued now").
+        .filter(
+            Q(at__gte=since - QUEUE_LOOKBACK)
+            | Q(lead_id__in=Lead.objects.filter(status=LeadStatus.QUEUED).values("id"))
         )
         .annotate(assigned_at=Subquery(first_assignment), closed_at=Subquery(closed))
         .values_list("group", "lead_id", "at", "assigned_at", "closed_at")

@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from leads.dashboard import dashboard_view
+from leads.dashboard import QUEUE_LOOKBACK, dashboard_view
 from leads.models import Assignment, Lead
 from rotation.models import Membership
 
@@ -172,3 +172,14 @@ def test_a_group_filter_naming_no_group_says_so(admin_client, make_group):
     html = admin_client.get("/admin/dashboard/?group=gone").content.decode()
     assert "No groups yet" not in html
     assert "No group with the slug “gone”" in html
+
+
+def test_a_lead_queued_for_longer_than_the_lookback_is_still_queued_now(make_group, post_lead):
+    """The queue episodes are looked for a bounded time before the period (QUEUE_LOOKBACK),
+    but a lead stuck in the queue since before then is in it all period, and now."""
+    make_group(0, slug="empty")
+    post_lead(group="empty")
+    later = timezone.now() + QUEUE_LOOKBACK + timedelta(days=10)  # the same page, weeks later
+    (panel,) = [p for p in dashboard_view(since=later - timedelta(days=1), until=later) if p.slug == "empty"]
+    assert panel.queue_now == 1 and panel.queue_max == 1
+    assert [n for _, n in panel.queue_points] == [1] * len(panel.queue_points)
