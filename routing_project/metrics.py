@@ -172,6 +172,7 @@ class DatabaseGauges(Collector):
             from django.utils import timezone
 
             from leads.models import Assignment, Lead, LeadStatus
+            from rotation.models import Group
             from routing_project.health import check_database
 
             # Within a scrape's timeout: a database that does not answer is reported at once.
@@ -180,21 +181,27 @@ class DatabaseGauges(Collector):
                 raise ConnectionError(detail)
 
             now: datetime = timezone.now()
-            queued = (
+            # Every group has its series, at 0 when nothing is queued or late: a drained queue
+            # reads 0, not "no data" (a series that vanishes cannot be told from a failed read).
+            queued = dict.fromkeys(Group.objects.values_list("slug", flat=True), 0)
+            late = dict(queued)
+            queued.update(
                 Lead.objects.filter(status=LeadStatus.QUEUED)
                 .order_by()
                 .values_list("group__slug")
                 .annotate(n=Count("id"))
+                .values_list("group__slug", "n")
             )
-            for slug, n in queued:
-                queue.add_metric([_group(slug)], n)
-            late = (
+            late.update(
                 Assignment.objects.filter(ended_at__isnull=True, accepted_at__isnull=True, due_at__lt=now)
                 .order_by()
                 .values_list("group__slug")
                 .annotate(n=Count("id"))
+                .values_list("group__slug", "n")
             )
-            for slug, n in late:
+            for slug, n in queued.items():
+                queue.add_metric([_group(slug)], n)
+            for slug, n in late.items():
                 overdue.add_metric([_group(slug)], n)
             up.add_metric([], 1)
         except Exception:

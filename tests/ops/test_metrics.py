@@ -262,3 +262,16 @@ def test_a_duplicate_of_another_groups_lead_counts_where_it_was_received(make_gr
     assert delta("leadrouter_leads_received_total", second) == 1
     assert delta("leadrouter_leads_duplicate_total", second) == 1
     assert delta("leadrouter_leads_duplicate_total", first) == 0
+
+
+@pytest.mark.django_db
+def test_a_drained_queue_and_a_group_without_late_assignments_read_zero(make_group, post_lead, api):
+    """The scrape-time gauges give every group a sample: 0 once its queue drains, not a
+    series that vanishes (which reads as "no data")."""
+    group, _ = make_group(0)
+    lead = post_lead(group=group.slug).json()
+    assert value(scrape(), "leadrouter_queue_depth", group=group.slug) == 1
+    assert api.post(f"/api/v1/leads/{lead['id']}/close/", {"outcome": "lost"}, format="json").status_code == 200
+    samples = scrape()
+    assert samples[("leadrouter_queue_depth", (("group", group.slug),))] == 0
+    assert samples[("leadrouter_sla_overdue_assignments", (("group", group.slug),))] == 0
