@@ -26,8 +26,11 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
     accept, SLA breaches, and the queue depth over the period."""
     if not request.user.has_perm("leads.view_lead"):
         raise PermissionDenied
-    days = request.GET.get("days", "7")
+    days = request.GET.get("days") or "7"
+    problem = ""
     if days not in PERIODS:
+        # Said on the page: a bookmarked ?days=90 must not pass 7 days off as 90.
+        problem = f"No period “{days}”: showing the last 7 days (periods: {', '.join(PERIODS)} days)."
         days = "7"
     until = timezone.now()
     since = until - PERIODS[days][1]
@@ -42,6 +45,7 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
         "since": since,
         "until": until,
         "group": group,
+        "problem": problem,
     }
     return TemplateResponse(request, "admin/leads/dashboard.html", context)
 

@@ -183,3 +183,13 @@ def test_a_lead_queued_for_longer_than_the_lookback_is_still_queued_now(make_gro
     (panel,) = [p for p in dashboard_view(since=later - timedelta(days=1), until=later) if p.slug == "empty"]
     assert panel.queue_now == 1 and panel.queue_max == 1
     assert [n for _, n in panel.queue_points] == [1] * len(panel.queue_points)
+
+
+@pytest.mark.parametrize("days", ["90", "abc"])
+def test_a_period_the_dashboard_does_not_offer_says_so(admin_client, make_group, days):
+    make_group(1, slug="emea")
+    response = admin_client.get("/admin/dashboard/", {"days": days})
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f"No period “{days}”: showing the last 7 days" in html
+    assert "No period" not in admin_client.get("/admin/dashboard/?days=30").content.decode()
