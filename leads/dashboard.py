@@ -60,6 +60,15 @@ class RepRow:
     def median_accept(self) -> str:
         return duration_text(self.median_accept_s)
 
+    # As percentages, to one decimal: the table and the chart's labels show the same figures.
+    @property
+    def share_pct(self) -> float:
+        return round(100 * self.share, 1)
+
+    @property
+    def weight_share_pct(self) -> float:
+        return round(100 * self.weight_share, 1)
+
 
 @dataclass
 class GroupPanel:
@@ -265,8 +274,8 @@ def share_chart(panel: GroupPanel, *, width: int = 520, bar: int = 10) -> dict[s
                 "actual_w": round(plot_w * r.share, 1),
                 "weight_w": round(plot_w * r.weight_share, 1),
                 "weight_y": y + bar,
-                "actual_pct": round(100 * r.share, 1),
-                "weight_pct": round(100 * r.weight_share, 1),
+                "actual_pct": r.share_pct,
+                "weight_pct": r.weight_share_pct,
                 "text_x": label_w + round(plot_w * max(r.share, r.weight_share), 1) + 4,
             }
         )

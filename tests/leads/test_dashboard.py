@@ -193,3 +193,14 @@ def test_a_period_the_dashboard_does_not_offer_says_so(admin_client, make_group,
     html = response.content.decode()
     assert f"No period “{days}”: showing the last 7 days" in html
     assert "No period" not in admin_client.get("/admin/dashboard/?days=30").content.decode()
+
+
+def test_the_table_shows_the_shares_the_chart_draws(admin_client, make_group, post_lead):
+    """Eight leads over three reps in turn: 37.5 % of the assignments against a third of the
+    weights, not "38 %" and "33 %" in the table beside "37.5 %" and "33.3 %" on the chart."""
+    make_group(3, slug="emea")
+    for _ in range(8):
+        post_lead(group="emea")
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert html.count("37.5% / 33.3%") == 2  # the chart's labels of the two reps with 3 leads
+    assert html.count("<td>37.5%</td><td>33.3%</td>") == 2
