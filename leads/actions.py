@@ -132,6 +132,18 @@ def _end(assignment: Assignment | None, now: datetime, reason: str) -> None:
     assignment.ended_at = now
     assignment.end_reason = reason
     assignment.save(update_fields=["ended_at", "end_reason"])
+    if reason != "sla_missed" and assignment.accepted_at is None:  # an escalation counts its own
+        _breach_count_if_late(assignment, now)
+
+
+def _breach_count_if_late(assignment: Assignment, now: datetime) -> None:
+    """An assignment settled (accepted, moved or closed) past its due time without having been
+    accepted by then missed its SLA, as the dashboard counts it, escalated or not (a timer
+    that came late, a worker that was down). Counted once committed."""
+    if assignment.due_at is None or assignment.group_id is None or now <= assignment.due_at:
+        return
+    slug = Group.objects.filter(pk=assignment.group_id).values_list("slug", flat=True).first()
+    transaction.on_commit(lambda: metrics.sla_breach_recorded(group=slug))
 
 
 def _assign(
@@ -423,6 +435,7 @@ def lead_accept(*, lead_id: int, rep_id: int, actor: str) -> Lead:
         if assignment is not None:
             assignment.accepted_at = now
             assignment.save(update_fields=["accepted_at"])
+            _breach_count_if_late(assignment, now)
         lead.status, lead.accepted_at = LeadStatus.ACCEPTED, now
         lead.save(update_fields=["status", "accepted_at"])
         if lead.group_id is not None:

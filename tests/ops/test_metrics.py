@@ -275,3 +275,26 @@ def test_a_drained_queue_and_a_group_without_late_assignments_read_zero(make_gro
     samples = scrape()
     assert samples[("leadrouter_queue_depth", (("group", group.slug),))] == 0
     assert samples[("leadrouter_sla_overdue_assignments", (("group", group.slug),))] == 0
+
+
+@pytest.mark.django_db
+def test_an_sla_missed_without_an_escalation_is_a_breach_too(
+    make_group, post_lead, api, django_capture_on_commit_callbacks
+):
+    """Accepted late (the timer came after the acceptance: a worker down) or moved or closed
+    past the due time unaccepted: a breach, as the dashboard counts it. In time: none."""
+    group, reps = make_group(2, sla_minutes=30)
+    leads = [post_lead(group=group.slug).json() for _ in range(4)]
+    for lead in leads[:3]:
+        Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    before = scrape()
+    with django_capture_on_commit_callbacks(execute=True):
+        accepted = api.post(f"/api/v1/leads/{leads[0]['id']}/accept/", {"rep": leads[0]["owner"]["id"]}, format="json")
+        other = next(r for r in reps if r.id != leads[1]["owner"]["id"])
+        moved = api.post(f"/api/v1/leads/{leads[1]['id']}/reassign/", {"rep": other.id, "reason": "x"}, format="json")
+        closed = api.post(f"/api/v1/leads/{leads[2]['id']}/close/", {"outcome": "lost"}, format="json")
+        in_time = api.post(f"/api/v1/leads/{leads[3]['id']}/accept/", {"rep": leads[3]["owner"]["id"]}, format="json")
+    assert [r.status_code for r in (accepted, moved, closed, in_time)] == [200] * 4
+    after = scrape()
+    name = "leadrouter_sla_breaches_total"
+    assert value(after, name, group=group.slug) - value(before, name, group=group.slug) == 3
