@@ -49,6 +49,7 @@ from notifications.services import outbox_add_many
 from rotation.eligibility import MemberFacts
 from rotation.models import Account, Group, RotationState
 from rotation.rules import lead_facts, match_rules
+from routing_project import metrics
 from routing_project.api import json_loads_client
 from routing_project.bulkdb import ids_reserve, rows_insert, supports_copy
 from routing_project.db import set_lock_timeout
@@ -700,6 +701,20 @@ def _route_batch_locked(
     report.assigned += len(assigned)
     report.queued += len(new) - len(assigned)
     report.duplicates += len(duplicates)
+    # In /metrics as intake's leads, by the group each row resolved to, once the batch commits
+    # (an attempt retried counts nothing).
+    tally: dict[str | None, list[int]] = {}
+    for lead in new:
+        outcome = 0 if lead.kind == AuditEvent.Type.LEAD_ASSIGNED else 1  # routed, else queued
+        tally.setdefault(lead.values["group_slug"] or None, [0, 0, 0])[outcome] += 1
+    for *_, row, _window in duplicates:
+        tally.setdefault(row.group_slug, [0, 0, 0])[2] += 1
+    transaction.on_commit(lambda: _imported_counted(tally))
+
+
+def _imported_counted(tally: dict[str | None, list[int]]) -> None:
+    for slug, (routed, queued, duplicate) in tally.items():
+        metrics.leads_imported(group=slug, routed=routed, queued=queued, duplicate=duplicate)
 
 
 @dataclass

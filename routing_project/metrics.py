@@ -121,6 +121,15 @@ def intake_finished(*, group: str | None, status: str, duplicate: bool, seconds:
     ROUTING_SECONDS.observe(seconds)
 
 
+def leads_imported(*, group: str | None, routed: int, queued: int, duplicate: int) -> None:
+    """A bulk import's batch committed: its leads counted as intake counts its own."""
+    label = _group(group)
+    LEADS_RECEIVED.labels(label).inc(routed + queued + duplicate)
+    for counter, n in ((LEADS_ROUTED, routed), (LEADS_QUEUED, queued), (LEADS_DUPLICATE, duplicate)):
+        if n:
+            counter.labels(label).inc(n)
+
+
 def routing_busy(*, group: str | None) -> None:
     ROUTING_BUSY.labels(_group(group)).inc()
 

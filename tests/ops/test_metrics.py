@@ -298,3 +298,33 @@ def test_an_sla_missed_without_an_escalation_is_a_breach_too(
     after = scrape()
     name = "leadrouter_sla_breaches_total"
     assert value(after, name, group=group.slug) - value(before, name, group=group.slug) == 3
+
+
+@pytest.mark.django_db
+def test_a_bulk_import_counts_its_leads_as_intake_does(make_group, post_lead, django_capture_on_commit_callbacks):
+    """Imported leads are leads taken in: received, and routed, queued or duplicate, by group."""
+    import io
+
+    from leads.bulk import leads_import
+
+    group, _ = make_group(2)
+    empty, _ = make_group(0)
+    post_lead(group=group.slug, email="known@customer.example")
+    rows = [
+        f"i-1,one@customer.example,{group.slug}",
+        f"i-2,two@customer.example,{group.slug}",
+        f"i-3,known@customer.example,{group.slug}",
+        f"i-4,three@customer.example,{empty.slug}",
+    ]
+    before = scrape()
+    with django_capture_on_commit_callbacks(execute=True):
+        leads_import(lines=io.StringIO("external_id,email,group\n" + "\n".join(rows) + "\n"), actor="import:test")
+    after = scrape()
+
+    def delta(name: str, g) -> float:
+        return value(after, f"leadrouter_leads_{name}_total", group=g.slug) - value(
+            before, f"leadrouter_leads_{name}_total", group=g.slug
+        )
+
+    assert [delta(n, group) for n in ("received", "routed", "queued", "duplicate")] == [3, 2, 0, 1]
+    assert [delta(n, empty) for n in ("received", "routed", "queued", "duplicate")] == [1, 0, 1, 0]
