@@ -60,6 +60,17 @@ def test_group_page_shows_members_and_rotation(staff, make_group):
         assert rep.name in html
 
 
+def test_group_page_shows_the_week_share_as_it_shows_the_weight_share(staff, api, make_group):
+    """Two decimals both: "0.33" of the weights beside "0.67" of the week, not "0.6667"."""
+    group, reps = make_group(3, slug="emea")
+    for _ in range(3):
+        api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    Membership.objects.filter(group=group, rep=reps[2]).delete()
+    html = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
+    assert "<td>0.50</td>" in html and "<td>0.33</td>" in html  # 1 of the week's 3 each
+    assert "0.3333" not in html
+
+
 def test_lead_and_event_pages(staff, api, make_group):
     make_group(2, slug="emea")
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
