@@ -366,6 +366,18 @@ def webhook_body(d: Delivery) -> bytes:
     return json.dumps(document, separators=(",", ":"), default=str).encode()
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is not a delivery: urllib would follow it with a GET without the body (the
+    signature header along, to wherever it points) and the delivery would be logged sent.
+    Refused here, it surfaces as an HTTPError and is retried like any other failure."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
 def _send_webhook(d: Delivery) -> int:
     if d.endpoint is None:
         raise DeliveryError("the endpoint was deleted")
@@ -387,7 +399,7 @@ def _send_webhook(d: Delivery) -> int:
         },
     )
     try:
-        with urllib.request.urlopen(request, timeout=settings.NOTIFY_WEBHOOK_TIMEOUT_S) as response:  # noqa: S310
+        with _opener.open(request, timeout=settings.NOTIFY_WEBHOOK_TIMEOUT_S) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         detail = exc.read(300).decode("utf-8", "replace") if exc.fp else ""

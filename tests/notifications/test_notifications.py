@@ -5,7 +5,9 @@ import hashlib
 import hmac
 import json
 import socket
+import threading
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core import mail
@@ -146,6 +148,49 @@ def test_gives_up_after_the_last_attempt(make_group, settings):
     d = Delivery.objects.get(pk=delivery_id)
     assert (d.status, d.attempts) == ("failed", 2)
     assert "URLError" in d.last_error or "Connection" in d.last_error
+
+
+def test_a_redirect_is_a_failed_attempt_not_a_delivery(make_group, settings):
+    """Following a 302 would turn the POST into a bodiless GET elsewhere (the signature header
+    along) and log the delivery as sent: a 3xx is retried like any other failure."""
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(1)
+    requests: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            requests.append(("POST", self.path))
+            self.send_response(302)
+            self.send_header("Location", "/moved")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802
+            requests.append(("GET", self.path))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{server.server_address[1]}/hooks")
+        with transaction.atomic():
+            message = services.outbox_add(
+                event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={"lead": {"id": 7}}
+            )
+        [delivery_id] = services.outbox_dispatch(message_id=message.id)
+        assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    finally:
+        server.shutdown()
+        server.server_close()
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts, d.last_status_code) == ("pending", 1, 302)
+    assert requests == [("POST", "/hooks")]
 
 
 def test_backoff_is_capped(settings):
