@@ -267,7 +267,13 @@ NOTIFY_BACKOFF_MAX_S = env.float("NOTIFY_BACKOFF_MAX_S", default=1800.0)
 NOTIFY_WEBHOOK_TIMEOUT_S = env.float("NOTIFY_WEBHOOK_TIMEOUT_S", default=5.0)
 # The sweep re-drives messages and retries overdue by this much (their task was lost).
 NOTIFY_SWEEP_GRACE_S = env.float("NOTIFY_SWEEP_GRACE_S", default=30.0)
-CELERY_BEAT_SCHEDULE["notifications-outbox-sweep"] = {"task": "notifications.outbox_sweep", "schedule": 30.0}
+# `expires`, as the sweeps above: each run re-publishes every overdue delivery, so sweeps piled
+# up while the notify worker was away would publish each of them once per missed run.
+CELERY_BEAT_SCHEDULE["notifications-outbox-sweep"] = {
+    "task": "notifications.outbox_sweep",
+    "schedule": 30.0,
+    "options": {"expires": 30.0},
+}
 
 # --- API ------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -394,6 +394,13 @@ def test_deliveries_have_a_queue_of_their_own_apart_from_sla_timers():
     assert {queue(n) for n in ("leads.tasks.escalate_assignment", "leads.tasks.drain_group")} == {"celery"}
 
 
+def test_sweeps_piled_up_while_the_notify_worker_was_away_are_dropped(settings):
+    """Each outbox sweep re-publishes every overdue delivery: an hour of sweeps replayed at
+    once would publish each of them 120 times."""
+    entry = settings.CELERY_BEAT_SCHEDULE["notifications-outbox-sweep"]
+    assert 0 < entry["options"]["expires"] <= entry["schedule"]
+
+
 def test_endpoints_created_pointed_elsewhere_or_rotated_in_the_admin_are_audited(admin_client, make_group):
     """A webhook endpoint receives every lead's contact data: creating one, pointing it at
     another URL and rotating its secret are client.changed events (never the secret), as
