@@ -297,9 +297,10 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         now = timezone.now()
         if d.next_attempt_at > now + timedelta(seconds=1):
             return None  # an early duplicate; the scheduled retry or the sweep sends it
-        if d.channel == Delivery.Channel.WEBHOOK and d.endpoint is not None and not d.endpoint.active:
-            # Deactivated since: nothing more is sent to it, retries included.
-            d.status, d.last_error = Delivery.Status.FAILED, "the endpoint was deactivated"
+        if d.channel == Delivery.Channel.WEBHOOK and (d.endpoint is None or not d.endpoint.active):
+            # Deactivated or deleted since: nothing more is sent to it, retries included.
+            gone = "deleted" if d.endpoint is None else "deactivated"
+            d.status, d.last_error = Delivery.Status.FAILED, f"the endpoint was {gone}"
             d.save(update_fields=["status", "last_error"])
             return None
         d.attempts += 1

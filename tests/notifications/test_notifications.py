@@ -384,6 +384,22 @@ def test_a_deactivated_endpoint_gets_no_more_retries(post_lead, make_group, rece
     assert len(receiver.requests) == 1
 
 
+def test_a_deleted_endpoint_gets_no_more_retries(post_lead, make_group, receiver, settings):
+    settings.NOTIFY_REP_EMAIL = False
+    group, _ = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.statuses = [500, 200]
+    post_lead(group="emea")
+    [delivery_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    endpoint.delete()
+    make_due(delivery_id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts, d.last_error) == ("failed", 1, "the endpoint was deleted")
+    assert len(receiver.requests) == 1
+
+
 def test_deliveries_have_a_queue_of_their_own_apart_from_sla_timers():
     from routing_project.celery import app
 
