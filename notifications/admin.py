@@ -23,12 +23,12 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     """A group's webhook receivers. The signing secret is shown once (on creation and on
     rotation) and never again, like intake sources' secrets."""
 
-    list_display = ("group", "url", "active", "secret_hint", "created_at")
+    list_display = ("group", "url", "active", "unreachable_until", "secret_hint", "created_at")
     list_filter = ("active", "group")
     list_select_related = ("group",)
     search_fields = ("url", "group__slug")
-    fields = ("group", "url", "active", "secret_hint")
-    readonly_fields = ("secret_hint",)
+    fields = ("group", "url", "active", "secret_hint", "unreachable_until")
+    readonly_fields = ("secret_hint", "unreachable_until")
     actions = ["rotate_secret"]
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 

@@ -30,6 +30,13 @@ class WebhookEndpoint(models.Model):
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    unreachable_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="It gave no answer at all (timeout, refused): its deliveries wait until then, "
+        "without spending attempts or holding a worker.",
+    )
 
     class Meta:
         ordering = ["group", "id"]

@@ -303,6 +303,14 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             d.status, d.last_error = Delivery.Status.FAILED, f"the endpoint was {gone}"
             d.save(update_fields=["status", "last_error"])
             return None
+        held = d.endpoint.unreachable_until if d.channel == Delivery.Channel.WEBHOOK and d.endpoint else None
+        if held is not None and held > now:
+            # Its endpoint gave no answer at all a moment ago: every send to it would hold a
+            # worker for the whole timeout, in front of the other endpoints' deliveries. This one
+            # waits for the endpoint's next try instead, without spending an attempt.
+            d.next_attempt_at = held
+            d.save(update_fields=["next_attempt_at"])
+            return (held - now).total_seconds()
         d.attempts += 1
         d.last_attempt_at = now
         try:
@@ -329,10 +337,19 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
                     "next_attempt_at",
                 ]
             )
+            if d.channel == Delivery.Channel.WEBHOOK and exc.status_code is None and d.endpoint_id is not None:
+                # No answer at all (timeout, refused, unresolvable): the endpoint's other
+                # deliveries wait with this one (`held` above), so a hung receiver holds one
+                # worker per try, not one per pending delivery.
+                WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(
+                    unreachable_until=now + timedelta(seconds=backoff_seconds(d.attempts))
+                )
             logger.info("delivery %s (%s) attempt %s failed: %s", d.id, d.channel, d.attempts, type(exc).__name__)
             return retry_in
         d.status, d.sent_at, d.last_error = Delivery.Status.SENT, timezone.now(), ""
         d.save(update_fields=["attempts", "last_attempt_at", "last_status_code", "status", "sent_at", "last_error"])
+        if held is not None and d.endpoint_id is not None:  # answering again: its held deliveries go at their next try
+            WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(unreachable_until=None)
         return None
 
 

@@ -144,6 +144,8 @@ def test_gives_up_after_the_last_attempt(make_group, settings):
     [delivery_id] = services.outbox_dispatch(message_id=message.id)
     assert services.delivery_attempt(delivery_id=delivery_id) is not None
     make_due(delivery_id)
+    # The endpoint refused: it is held until the retry (see the test below); that time passed.
+    WebhookEndpoint.objects.update(unreachable_until=timezone.now() - timedelta(seconds=1))
     assert services.delivery_attempt(delivery_id=delivery_id) is None
     d = Delivery.objects.get(pk=delivery_id)
     assert (d.status, d.attempts) == ("failed", 2)
@@ -456,3 +458,82 @@ def test_endpoints_created_pointed_elsewhere_or_rotated_in_the_admin_are_audited
     assert all(e.actor.startswith("admin:") for e in events)
     endpoint.refresh_from_db()
     assert endpoint.secret not in str([e.explanation for e in events])
+
+
+def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(make_group, receiver, settings):
+    """A receiver that hangs holds a worker for the whole timeout on every send: after one send
+    it did not answer, its other deliveries wait (no attempt spent, no worker held) while other
+    endpoints' go on; once it answers again, the hold is lifted. An HTTP error answer is an
+    answer: it holds nothing."""
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_WEBHOOK_TIMEOUT_S = 0.3
+    group, reps = make_group(1)
+    hits: list[str] = []
+    answering = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            hits.append(self.path)
+            if not answering.is_set():
+                answering.wait(2)  # hung, past the timeout
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hung = WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{server.server_address[1]}/h")
+        WebhookEndpoint.objects.create(group=group, url=receiver.url)
+        ids = []
+        for lead_id in (7, 8):
+            with transaction.atomic():
+                message = services.outbox_add(
+                    event="lead.assigned", lead_id=lead_id, group_id=group.id, rep_id=reps[0].id, payload={}
+                )
+            ids += services.outbox_dispatch(message_id=message.id)
+        to_hung = [i for i in ids if Delivery.objects.get(pk=i).endpoint_id == hung.id]
+        to_healthy = [i for i in ids if i not in to_hung]
+
+        assert services.delivery_attempt(delivery_id=to_hung[0]) is not None  # timed out
+        hung.refresh_from_db()
+        assert hung.unreachable_until is not None and hung.unreachable_until > timezone.now()
+        wait = services.delivery_attempt(delivery_id=to_hung[1])
+        assert wait is not None and wait > 0
+        held = Delivery.objects.get(pk=to_hung[1])
+        assert (held.status, held.attempts, held.next_attempt_at) == ("pending", 0, hung.unreachable_until)
+        assert len(hits) == 1  # not sent: no second hung request
+        for delivery_id in to_healthy:
+            assert services.delivery_attempt(delivery_id=delivery_id) is None
+        assert len(receiver.requests) == 2  # the other endpoint was served meanwhile
+
+        answering.set()
+        WebhookEndpoint.objects.filter(pk=hung.pk).update(unreachable_until=timezone.now() - timedelta(seconds=1))
+        make_due(to_hung[1])
+        assert services.delivery_attempt(delivery_id=to_hung[1]) is None
+        assert Delivery.objects.get(pk=to_hung[1]).status == "sent"
+        hung.refresh_from_db()
+        assert hung.unreachable_until is None
+    finally:
+        answering.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_error_answer_holds_nothing(make_group, receiver, settings):
+    settings.NOTIFY_REP_EMAIL = False
+    receiver.statuses = [503]
+    group, reps = make_group(1)
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    with transaction.atomic():
+        message = services.outbox_add(
+            event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={}
+        )
+    [delivery_id] = services.outbox_dispatch(message_id=message.id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    endpoint.refresh_from_db()
+    assert endpoint.unreachable_until is None
