@@ -550,8 +550,8 @@ def _point_lookups(on: bool) -> None:
 
 def _lock_import_and_emails(emails: list[str]) -> None:
     """Imports serialize on one advisory lock (so their external_id checks are exact), then
-    take the emails' locks (intake's first lock) in one fixed order: no deadlock with intake,
-    which holds at most one email lock when it asks for a rotation row."""
+    take the emails' locks (intake's first lock) in the order of their keys, as an intake batch
+    does (routing_sql.intake_begin_many): no deadlock with intake."""
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:

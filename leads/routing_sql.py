@@ -355,13 +355,16 @@ def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> int | None:
 
 def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> int | None:
     """`intake_begin` for a batch: the lock timeout, then every email's advisory lock, taken
-    in the order given (callers sort the emails, so two batches never wait on each other in a
-    cycle; a single intake holds one email lock). Returns the configuration version."""
+    in the order of the lock keys, the one order of every holder of several email locks (a
+    CSV import takes them so too, leads/bulk.py): two batches, or a batch and an import, never
+    wait on each other in a cycle (a single intake holds one email lock). Returns the
+    configuration version."""
     with server_bound_cursor() as cursor:
         # One statement: the target list runs in order, so the timeout is set before any wait.
         cursor.execute(
             "SELECT set_config('lock_timeout', %s, true), "
-            "(SELECT count(pg_advisory_xact_lock(hashtextextended(e, 0))) FROM unnest(%s::text[]) AS e), "
+            "(SELECT count(pg_advisory_xact_lock(k)) FROM "
+            "(SELECT DISTINCT hashtextextended(e, 0) AS k FROM unnest(%s::text[]) AS e ORDER BY k) AS keys), "
             "(SELECT version FROM rotation_configversion WHERE id = 1)",
             [f"{lock_timeout_ms}ms", emails],
         )

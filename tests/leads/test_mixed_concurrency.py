@@ -1,6 +1,7 @@
 """Intake, manager actions, escalations, queue drains and configuration changes all at once,
 on real PostgreSQL with real threads; invariants over everything recorded (SPEC 10)."""
 
+import itertools
 import random
 import threading
 import time
@@ -9,13 +10,13 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connections
+from django.db import connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
-from leads import actions
+from leads import actions, bulk, routing, routing_sql
 from leads.models import OPEN_STATUSES, Assignment, Lead, LeadStatus
 from leads.routing import RoutingBusy
 from rotation import services
@@ -291,3 +292,60 @@ def check_invariants(group, *, paused, away, inactive) -> None:
         assert after.explanation["pointer_before"] == before.explanation["pointer_after"], (before.id, after.id)
     assert state.pointer == moved[-1].explanation["pointer_after"]
     assert not Lead.objects.filter(Q(status=LeadStatus.QUEUED) & Q(queue_reason="")).exists()
+
+
+def three_emails_locked_in_another_order_by_hash() -> tuple[str, str, str]:
+    """a < b < c as text, and c's advisory lock key below a's and b's."""
+    candidates = [f"order{i}@lock.example" for i in range(40)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT e, hashtextextended(e, 0) FROM unnest(%s::text[]) AS e", [candidates])
+        key = dict(cursor.fetchall())
+    for a, b, c in itertools.combinations(sorted(candidates), 3):
+        if key[c] < min(key[a], key[b]):
+            return a, b, c
+    raise AssertionError("no such emails")
+
+
+def test_an_intake_batch_and_an_import_take_the_email_locks_in_one_order():
+    """An intake batch and a CSV import of the same addresses wait on each other's email locks
+    without a deadlock."""
+    a, b, c = three_emails_locked_in_another_order_by_hash()
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            routing.lock_email(b)
+            held.set()
+            release.wait(20)
+
+    def batch() -> None:
+        assert held.wait(10)
+        with transaction.atomic():
+            routing_sql.intake_begin_many(emails=sorted([a, b, c]), lock_timeout_ms=20_000)
+
+    def importer() -> None:
+        assert held.wait(10)
+        wait_for_lock_waiters(1)  # the batch waits for b's lock, holding those it took before
+        with transaction.atomic():
+            bulk._lock_import_and_emails([a, b, c])
+
+    def controller() -> None:
+        assert held.wait(10)
+        wait_for_lock_waiters(2)  # and the import too
+        release.set()
+
+    # A deadlock fails one of them (40P01), which run_all reports.
+    run_all([holder, batch, importer, controller])
+
+
+def wait_for_lock_waiters(n: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            if cursor.fetchone()[0] >= n:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"fewer than {n} transactions waiting on a lock")
