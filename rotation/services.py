@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Max, Model
+from django.db.models import Max, Model, Q
 from django.http import Http404
 
 from audit.models import AuditEvent
@@ -110,7 +110,10 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
         # One default group: moving the flag is a change to the old default too. Moves are
         # serialized, so that two at once end with the later one default, never a conflict.
         serialize_on("rotation.default_group")
-        for old in Group.objects.select_for_update().filter(is_default=True).exclude(pk=group.pk):
+        # The old default's row with this group's, in id order: the order routing locks group
+        # rows in (a batch routing into both waits for this change, without a deadlock).
+        locked = Group.objects.select_for_update().filter(Q(is_default=True) | Q(pk=group.pk)).order_by("pk")
+        for old in [g for g in locked if g.pk != group.pk]:
             old.is_default = False
             old.save(update_fields=["is_default", "updated_at"])
             audit_record(

@@ -20,7 +20,7 @@ from leads import actions, bulk, routing, routing_sql
 from leads.models import OPEN_STATUSES, Assignment, Lead, LeadStatus
 from leads.routing import RoutingBusy
 from rotation import services
-from rotation.models import Absence, Membership, Rep, RotationState
+from rotation.models import Absence, Group, Membership, Rep, RotationState
 from tests.factories import api_client_with
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("concurrency")]
@@ -349,3 +349,38 @@ def wait_for_lock_waiters(n: int) -> None:
                 return
         time.sleep(0.01)
     raise AssertionError(f"fewer than {n} transactions waiting on a lock")
+
+
+def test_the_default_flag_moves_while_a_batch_routes_both_groups(make_group):
+    """Moving the default flag locks both groups' rows in the order routing locks them: a
+    batch routing into both groups at that moment waits, without a deadlock."""
+    new, _ = make_group(1, slug="new-default")
+    old, _ = make_group(1, slug="old-default", is_default=True)
+    assert new.id < old.id
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            RotationState.objects.select_for_update(no_key=True).get(group=old)
+            held.set()
+            release.wait(20)
+
+    def batch() -> None:
+        assert held.wait(10)
+        with transaction.atomic():
+            routing.lock_rotations_read([new.id, old.id], timezone.now())
+
+    def saver() -> None:
+        assert held.wait(10)
+        wait_for_lock_waiters(1)  # the batch holds the new default's rows, waits for the old one's
+        group = Group.objects.get(pk=new.pk)
+        group.is_default = True
+        services.group_save(group=group, actor="test", changed=["is_default"])
+
+    def controller() -> None:
+        assert held.wait(10)
+        wait_for_lock_waiters(2)  # and the move too
+        release.set()
+
+    run_all([holder, batch, saver, controller])
+    assert list(Group.objects.filter(is_default=True).values_list("slug", flat=True)) == ["new-default"]
