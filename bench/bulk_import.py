@@ -98,8 +98,10 @@ def main() -> None:
         "from audit.models import AuditEvent\n"
         "from django.db.models import Count\n"
         "leads = Lead.objects.count()\n"
-        "print(leads, Assignment.objects.count(), AuditEvent.objects.filter(lead_id__isnull=False).count())\n"
-        "print(sorted(Lead.objects.values_list('owner_id').annotate(n=Count('id')).values_list('n', flat=True)))\n"
+        "events = AuditEvent.objects.filter(lead_id__isnull=False).count()\n"
+        "print(f'check: {leads:,} leads, {Assignment.objects.count():,} assignments, {events:,} lead events')\n"
+        "per_rep = sorted(Lead.objects.values_list('owner_id').annotate(n=Count('id')).values_list('n', flat=True))\n"
+        "print(f'check: leads per rep, weights 1 to 5: {per_rep}')\n"
     )
     print(sh([PY, "manage.py", "shell", "-c", check], env).stdout.strip())
     print()
