@@ -101,6 +101,25 @@ def render_lead(lead: Lead, duplicate_of: int | None) -> bytes:
     return JSONRenderer().render(lead_document(lead, duplicate_of))
 
 
+# A duplicate is answered with the open lead another request sent in: to a token that may not
+# read leads (an intake-only one, a web form's), without what that sender said about the
+# contact, which GET /api/v1/leads/{id}/ would refuse it. The email (the one it sent) stays.
+_UNREADABLE: dict[str, Any] = {
+    **dict.fromkeys(("first_name", "last_name", "company", "phone", "country", "region"), ""),
+    **dict.fromkeys(("source", "product", "external_id"), ""),
+    "score": None,
+    "company_size": None,
+    "attributes": {},
+}
+
+
+def render_lead_for_intake(lead: Lead, duplicate_of: int | None) -> bytes:
+    doc = lead_document(lead, duplicate_of)
+    if duplicate_of is not None:
+        doc.update(_UNREADABLE)
+    return JSONRenderer().render(doc)
+
+
 class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = LeadSerializer
     filterset_class = LeadFilter
@@ -187,7 +206,7 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
                 requested=requested,
                 client=client,
                 actor=actor_of(request),
-                render=render_lead,
+                render=render_lead if client.has_scope("read") else render_lead_for_intake,
                 idempotency=claim,
             )
         except RoutingBusy:

@@ -167,3 +167,27 @@ def test_last_used_time_is_recorded():
     assert client.last_used_at is not None
     # Only the token's SHA-256 is stored.
     assert len(client.token_hash) == 64 and not client.token_hash.startswith("lr_")
+
+
+@pytest.mark.django_db
+def test_a_duplicate_shows_the_open_leads_contact_data_to_a_reader_only(make_group):
+    """A duplicate is answered with the open lead that another request sent: a token that may
+    only take leads in (a web form's) learns that the lead exists and where it went, not what
+    the other sender said about the contact."""
+    make_group(2, slug="emea", is_default=True)
+    first = {"email": "jane@acme.example", "first_name": "Jane", "phone": "+33 6 12 34 56 78", "company": "Acme"}
+    first |= {"country": "FR", "score": 80, "external_id": "crm-1", "attributes": {"plan": "gold"}}
+    lead = api_for(["intake"]).post("/api/v1/leads/", first, format="json").json()
+    assert lead["first_name"] == "Jane"  # its own sender sees what it sent
+
+    intake_only = api_for(["intake"]).post("/api/v1/leads/", {"email": "Jane@Acme.example"}, format="json")
+    assert intake_only.status_code == 200
+    body = intake_only.json()
+    assert body["duplicate_of"] == lead["id"] and body["id"] == lead["id"]
+    assert body["owner"] == lead["owner"] and body["status"] == lead["status"]
+    for field in ("first_name", "phone", "company", "country", "score", "external_id", "attributes"):
+        assert body[field] in ("", None, {}), field
+
+    reader = api_for(["intake", "read"]).post("/api/v1/leads/", {"email": "jane@acme.example"}, format="json")
+    assert reader.status_code == 200
+    assert {k: reader.json()[k] for k in first} == {**first, "email": "jane@acme.example"}
