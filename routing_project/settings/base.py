@@ -45,10 +45,12 @@ MIDDLEWARE = [
     "routing_project.middleware.HeadWithoutBodyMiddleware",
     "routing_project.middleware.RequestIdMiddleware",
     "routing_project.middleware.AccessLogMiddleware",
+    # Before the middleware below that answers on its own (413, 411, 308): those answers
+    # carry the security headers too.
+    "django.middleware.security.SecurityMiddleware",
     "routing_project.middleware.BodySizeLimitMiddleware",
     "routing_project.middleware.ApiTrailingSlashMiddleware",
     "routing_project.middleware.AdminListGuardMiddleware",
-    "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
