@@ -7,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
+from django.utils.timezone import localtime
 
 from .domains import domain_unicode
 
@@ -188,7 +189,9 @@ class Absence(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.rep} away {self.starts_at:%Y-%m-%d %H:%M} to {self.ends_at:%Y-%m-%d %H:%M}"
+        # In the current time zone: on the rep's page, the rep's, as the fields beside it.
+        starts, ends = localtime(self.starts_at), localtime(self.ends_at)
+        return f"{self.rep} away {starts:%Y-%m-%d %H:%M} to {ends:%Y-%m-%d %H:%M}"
 
     def clean(self) -> None:
         if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:

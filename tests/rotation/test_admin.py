@@ -268,6 +268,21 @@ def test_a_reps_absences_are_entered_and_shown_in_the_reps_time_zone(staff):
     assert "In the rep&#x27;s time zone (Europe/Paris)." in page
 
 
+def test_a_reps_absence_row_is_titled_in_the_reps_time_zone(staff):
+    """The absence row's title said the UTC times above fields in the rep's time zone: a Paris
+    rep's 09:00 to 18:00 read "08:00 to 17:00" right beside them."""
+    from datetime import UTC, datetime
+
+    from rotation.models import Absence
+
+    rep = RepFactory(name="Grace Hopper", email="grace@example.com", timezone="Europe/Paris")
+    Absence.objects.create(
+        rep=rep, starts_at=datetime(2030, 1, 10, 8, tzinfo=UTC), ends_at=datetime(2030, 1, 14, 17, tzinfo=UTC)
+    )
+    page = staff.get(f"/admin/rotation/rep/{rep.pk}/change/").content.decode()
+    assert "Grace Hopper away 2030-01-10 09:00 to 2030-01-14 18:00" in page
+
+
 def test_a_groups_slug_cannot_be_renamed_in_the_admin(staff, api, make_group):
     """As over the API: integrations post to the slug and the audit trail names it."""
     group, _ = make_group(1, slug="emea")
