@@ -22,7 +22,7 @@ from audit.models import AuditEvent
 from rotation.models import Rep
 
 from . import actions
-from .models import Lead, QueuedLead
+from .models import Lead, LeadStatus, QueuedLead
 from .routing import RoutingBusy
 
 
@@ -130,13 +130,20 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
 @admin.action(description="Route selected leads again (rules and rotation)", permissions=["change"])
 def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
     actor = admin_actor(request)
-    _run_each(
-        modeladmin,
-        request,
-        queryset.order_by("id"),
-        lambda lead: actions.lead_reroute(lead_id=lead.pk, actor=actor, only_queued=_from_queue(modeladmin)),
-        "routed again",
-    )
+    queued: dict[str, list[int]] = {}
+
+    def route(lead: Lead) -> None:
+        routed = actions.lead_reroute(lead_id=lead.pk, actor=actor, only_queued=_from_queue(modeladmin))
+        if routed.status == LeadStatus.QUEUED:
+            queued.setdefault(routed.queue_reason, []).append(routed.pk)
+
+    _run_each(modeladmin, request, queryset.order_by("id"), route, "routed again")
+    # Routed again into the queue is no assignment: said, rather than "routed" alone.
+    for reason, ids in queued.items():
+        leads = ", ".join(f"#{pk}" for pk in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+        modeladmin.message_user(
+            request, f"Still no rep for {leads}, back in the fallback queue: {reason}.", messages.WARNING
+        )
 
 
 def _close_action(outcome: str) -> Callable[[admin.ModelAdmin, HttpRequest, QuerySet[Lead]], None]:

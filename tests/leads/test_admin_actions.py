@@ -66,6 +66,18 @@ def test_queue_bulk_close_and_reroute(api, make_group, manager):
     assert AuditEvent.objects.filter(type="lead.rerouted", actor="admin:maria").count() == 2
 
 
+def test_route_again_says_when_a_lead_is_back_in_the_queue(api, make_group, manager):
+    """ "Route again" on a lead that still has no eligible rep said only "1 lead(s) routed
+    again", while the lead went straight back to the queue."""
+    group, reps, ids = queued_leads(api, make_group, 22)
+    r = manager.post("/admin/leads/queuedlead/", {"action": "reroute", "_selected_action": ids}, follow=True)
+    lead = Lead.objects.get(pk=ids[0])
+    assert set(Lead.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"queued"}
+    shown = [str(m) for m in r.context["messages"]]
+    first = ", ".join(f"#{pk}" for pk in sorted(ids)[:20])
+    assert f"Still no rep for {first} and 2 more, back in the fallback queue: {lead.queue_reason}." in shown, shown
+
+
 def test_reassign_from_the_lead_page(api, make_group, manager):
     group, reps = make_group(2, slug="emea")
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
