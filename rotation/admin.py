@@ -16,7 +16,7 @@ from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin
 
 from . import services
 from .domains import domain_unicode
-from .models import Absence, Account, Group, Membership, Rep, RoutingRule
+from .models import Absence, Account, Group, Membership, Rep, RoutingRule, is_timezone
 from .services import MAX_POSITION
 
 
@@ -187,9 +187,10 @@ class AbsenceInline(admin.TabularInline):
 
     def get_formset(self, request: HttpRequest, obj: Any = None, **kwargs: Any) -> Any:
         formset = super().get_formset(request, obj, **kwargs)
-        zone = obj.timezone if obj is not None else "UTC"
+        # A new rep's: the time zone it is created with (RepAdmin.changeform_view).
+        where = f"In the rep's time zone ({obj.timezone})." if obj is not None else "In the rep's time zone."
         for name in ("starts_at", "ends_at"):
-            formset.form.base_fields[name].help_text = f"In the rep's time zone ({zone})."
+            formset.form.base_fields[name].help_text = where
         return formset
 
 
@@ -214,6 +215,9 @@ class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
         zone = "UTC"
         if object_id is not None and object_id.isdigit():
             zone = Rep.objects.filter(pk=int(object_id)).values_list("timezone", flat=True).first() or "UTC"
+        elif object_id is None and request.method == "POST" and is_timezone(request.POST.get("timezone", "")):
+            # A new rep: its absences are entered in the time zone it is created with.
+            zone = request.POST["timezone"]
         with timezone.override(ZoneInfo(zone)):
             response = super().changeform_view(request, object_id, form_url, extra_context)
             if isinstance(response, TemplateResponse):

@@ -12,8 +12,12 @@ from django.utils.timezone import localtime
 from .domains import domain_unicode
 
 
+def is_timezone(value: str) -> bool:
+    return value in _TIMEZONES
+
+
 def validate_timezone(value: str) -> None:
-    if value not in _TIMEZONES:
+    if not is_timezone(value):
         raise ValidationError(f"'{value}' is not a known IANA time zone.")
 
 

@@ -268,6 +268,36 @@ def test_a_reps_absences_are_entered_and_shown_in_the_reps_time_zone(staff):
     assert "In the rep&#x27;s time zone (Europe/Paris)." in page
 
 
+def test_a_new_reps_absences_are_in_the_time_zone_it_is_created_with(staff):
+    """On the add page the absences were read as UTC whatever time zone the new rep was given:
+    a Paris rep's holiday from 09:00 started at 10:00 Paris time."""
+    from datetime import UTC, datetime
+
+    from rotation.models import Absence, Rep
+
+    form = {
+        "name": "Grace Hopper",
+        "email": "grace@example.com",
+        "timezone": "Europe/Paris",
+        "active": "on",
+        "working_hours": "null",
+        **inline_management("absences", 1, 0),
+        "absences-0-starts_at_0": "2030-01-10",
+        "absences-0-starts_at_1": "09:00:00",
+        "absences-0-ends_at_0": "2030-01-14",
+        "absences-0-ends_at_1": "18:00:00",
+        "absences-0-reason": "holiday",
+    }
+    response = staff.post("/admin/rotation/rep/add/", form)
+    assert response.status_code == 302, response.content[-3000:]
+    absence = Absence.objects.get(rep=Rep.objects.get(email="grace@example.com"))
+    assert (absence.starts_at, absence.ends_at) == (
+        datetime(2030, 1, 10, 8, tzinfo=UTC),
+        datetime(2030, 1, 14, 17, tzinfo=UTC),
+    )
+    assert "(UTC)" not in staff.get("/admin/rotation/rep/add/").content.decode()
+
+
 def test_a_reps_absence_row_is_titled_in_the_reps_time_zone(staff):
     """The absence row's title said the UTC times above fields in the rep's time zone: a Paris
     rep's 09:00 to 18:00 read "08:00 to 17:00" right beside them."""
