@@ -601,6 +601,8 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
         }
         group = state.group if state is not None else None
         lead.group = group
+        if group is not None:  # inactive or not: the trail names the group the lead is now in
+            explanation.update({"group": group.slug, "strategy": group.strategy})
         new_rep: int | None = None
         if group is None:
             _queue(lead, "no rule matched and there is no default group")
@@ -610,7 +612,7 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
             assert state is not None
             # As at intake: the account owner when eligible (rotation untouched), else the rotation.
             facts, decision = ownership.group_decide(owner=resolution.owner, group=group, state=state, now=now)
-            explanation.update({"group": group.slug, "strategy": group.strategy, **decision.explanation()})
+            explanation.update(decision.explanation())
             if decision.rep_id is None:
                 _queue(
                     lead,

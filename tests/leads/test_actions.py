@@ -198,6 +198,22 @@ def test_reroute_with_no_eligible_rep_queues(api, make_group):
     assert body["status"] == "queued" and body["owner"] is None and "no eligible rep" in body["queue_reason"]
 
 
+def test_reroute_into_an_inactive_group_names_the_group_in_the_trail(api, make_group):
+    """The trail of a lead rerouted into an inactive group said "no group" while the lead stood
+    in that group, queued."""
+    from audit.summary import event_summary
+
+    emea, _ = make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    emea.active = False
+    emea.save(update_fields=["active"])
+    api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json")
+    (event,) = events(lead["id"], "lead.rerouted")
+    assert (event.explanation["group"], event.explanation["strategy"]) == ("emea", emea.strategy)
+    text = event_summary(type=event.type, explanation=event.explanation, rep_id=event.rep_id, names={})
+    assert f"group emea ({emea.strategy})" in text, text
+
+
 # --- close -----------------------------------------------------------------------------------
 
 
