@@ -3,6 +3,7 @@ got the lead and why, with the reps' names (the explanation itself holds rep ids
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -64,4 +65,33 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
         return f"Closed as {e.get('outcome')} (was {e.get('from_status')})."
     if type == "lead.accepted":
         return f"Accepted by {_name(rep_id, names)}."
+    if not type.startswith("lead.") and isinstance(e.get("action"), str):
+        return _config_summary(e)
     return ""
+
+
+def _value(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _config_summary(e: Mapping[str, Any]) -> str:
+    """A configuration change (group, rep, membership, rule, absence, account, client): what
+    was done and, for an edit, each field before and after; else a pause and a removal read
+    the same ("-") in the trail."""
+    action = str(e["action"])
+    text = "Paused automatically" if action == "auto_paused" else action.replace("_", " ").capitalize()
+    if e.get("rule"):
+        text += f" rule “{e['rule']}”"
+    changes = e.get("changes")
+    if action in ("changed", "auto_paused") and isinstance(changes, Mapping) and changes:
+        before = e.get("before")
+        before = before if isinstance(before, Mapping) else {}
+        parts = [
+            f"{field} {_value(before[field])} → {_value(value)}" if field in before else f"{field} {_value(value)}"
+            for field, value in changes.items()
+        ]
+        text += ": " + "; ".join(parts)
+    if action == "removed" and e.get("position") is not None:
+        text += f" from the rotation (was at position {e['position']})"
+    return text + "."

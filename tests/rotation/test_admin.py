@@ -360,3 +360,18 @@ def test_a_new_member_row_past_the_highest_position_is_a_form_error(staff, make_
     r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
     assert r.status_code == 200 and "the highest" in r.content.decode()
     assert not Membership.objects.filter(group=group, rep=other).exists()
+
+
+def test_the_audit_trail_says_what_a_configuration_change_did(staff, make_group):
+    """Configuration events read "-" under "What happened": a member paused and a member
+    removed looked the same in the trail."""
+    from rotation import services
+
+    group, (a, b) = make_group(2, slug="emea")
+    paused, removed = Membership.objects.filter(group=group).order_by("position")
+    paused.active = False
+    services.membership_update(membership=paused, actor="admin:ops", changed=["active"])
+    services.membership_remove(membership=removed, actor="admin:ops")
+    html = staff.get("/admin/audit/auditevent/?type__exact=membership.changed").content.decode()
+    assert "Changed: active true → false." in html
+    assert "Removed from the rotation (was at position 1)." in html
