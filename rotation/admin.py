@@ -35,6 +35,14 @@ class AuditedDeleteMixin:
         for obj in queryset:
             self.delete_model(request, obj)  # type: ignore[attr-defined]
 
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        deleted, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)  # type: ignore[misc]
+        if protected:
+            # A rep or group with leads is kept by them (PROTECT), for everyone: said as that,
+            # not as "your account doesn't have permission to delete leads" (no one has).
+            perms_needed = set()
+        return deleted, model_count, perms_needed, protected
+
 
 class MembershipForm(forms.ModelForm):
     position = forms.IntegerField(

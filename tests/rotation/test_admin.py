@@ -375,3 +375,14 @@ def test_the_audit_trail_says_what_a_configuration_change_did(staff, make_group)
     html = staff.get("/admin/audit/auditevent/?type__exact=membership.changed").content.decode()
     assert "Changed: active true → false." in html
     assert "Removed from the rotation (was at position 1)." in html
+
+
+def test_deleting_a_rep_with_leads_says_the_leads_keep_it(staff, api, make_group):
+    """The delete page said "your account doesn't have permission to delete ... lead", sending
+    sales ops to ask for a permission no one has: the rep's leads keep it (protected)."""
+    group, (rep,) = make_group(1, slug="emea")
+    assert api.post("/api/v1/leads/", lead_body(group="emea"), format="json").status_code == 201
+    for url in (f"/admin/rotation/rep/{rep.pk}/delete/", f"/admin/rotation/group/{group.pk}/delete/"):
+        html = staff.get(url).content.decode()
+        assert "following protected related objects" in html, url
+        assert "permission to delete" not in html, url
