@@ -65,6 +65,19 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
         return f"Closed as {e.get('outcome')} (was {e.get('from_status')})."
     if type == "lead.accepted":
         return f"Accepted by {_name(rep_id, names)}."
+    if type == "lead.received":
+        text = "Received"
+        if e.get("import"):
+            text += f" in import {e['import']}, line {e.get('line')}"
+        elif e.get("client"):
+            text += f" from API client {e['client']}"
+        if e.get("source"):
+            text += f", source {e['source']}"
+        if e.get("requested_group"):
+            text += f", asking for group {e['requested_group']}"
+        return text + "."
+    if type == "lead.changed":
+        return f"Contact fields edited: {', '.join(e.get('fields') or [])}; the lead was not moved."
     if not type.startswith("lead.") and isinstance(e.get("action"), str):
         return _config_summary(e)
     return ""

@@ -124,3 +124,19 @@ def test_a_queue_action_leaves_alone_a_lead_taken_between_the_page_and_the_lock(
     lead = Lead.objects.get(pk=ids[0])
     assert (lead.status, lead.owner_id) == ("assigned", reps[0].id)
     assert AuditEvent.objects.filter(lead_id=ids[0], type="lead.reassigned").count() == 1
+
+
+def test_a_leads_trail_says_how_it_came_in_and_what_was_edited(api, make_group, manager):
+    """ "Lead Received" and "Lead Changed" read "-" under "What happened" in the trail."""
+    make_group(1, slug="emea")
+    body = lead_body(group="emea")
+    body["source"] = "webform"
+    lead_id = api.post("/api/v1/leads/", body, format="json").json()["id"]
+    lead = Lead.objects.get(pk=lead_id)
+    form = {"email": lead.email, "first_name": "Renamed", "last_name": lead.last_name, "company": lead.company}
+    form.update({"phone": lead.phone, "assignments-TOTAL_FORMS": "0", "assignments-INITIAL_FORMS": "0"})
+    r = manager.post(f"/admin/leads/lead/{lead_id}/change/", form)
+    assert r.status_code == 302, r.content.decode()[-2000:]
+    html = manager.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
+    assert "Received from API client" in html and "source webform, asking for group emea." in html
+    assert "Contact fields edited: first_name; the lead was not moved." in html
