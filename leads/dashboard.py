@@ -84,7 +84,8 @@ class GroupPanel:
     median_accept_s: float | None = None
     queue_now: int = 0
     queue_max: int = 0
-    queue_points: list[tuple[datetime, int]] = field(default_factory=list)
+    queue_points: list[tuple[datetime, int]] = field(default_factory=list)  # (end of each step, depth)
+    queue_since: datetime | None = None  # where the first step begins
     other_reps: int = 0  # assignments to reps no longer members
 
     @property
@@ -248,6 +249,7 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
                 changes[slug].append((left, -1))
     for slug, counts in depth.items():
         panels[slug].queue_points = list(zip(ticks, counts, strict=True))
+        panels[slug].queue_since = since
         # The peak at any instant of the period, not only at the chart's sampled points.
         level = peak = 0
         for _at, change in sorted(changes[slug]):  # at one instant, leaving (-1) before entering
@@ -305,6 +307,7 @@ def queue_chart(panel: GroupPanel, *, width: int = 520, height: int = 120) -> di
         "right_x": left + plot_w,
         "peak": panel.queue_max,
         "polyline": " ".join(coords),
-        "start": points[0][0] if points else None,
+        # The chart's left edge is the period's start (as the page says it), not the first step's end.
+        "start": panel.queue_since if points else None,
         "end": points[-1][0] if points else None,
     }

@@ -84,6 +84,15 @@ def test_dashboard_page_renders_its_charts_in_a_fixed_number_of_queries(admin_cl
     assert one_group.count('class="share-chart"') == 1
 
 
+def test_the_queue_chart_starts_where_the_period_starts(admin_client, make_group):
+    """The chart's left label was the end of its first step (3.5 hours into a 7-day period),
+    while the page above it said the period began 3.5 hours earlier."""
+    make_group(1, slug="emea")
+    response = admin_client.get("/admin/dashboard/?days=7")
+    since = response.context["since"]
+    assert f">{since:%m-%d %H:%M}</text>" in response.content.decode()
+
+
 def test_the_admin_index_links_the_dashboard_and_the_import(admin_client):
     html = admin_client.get("/admin/").content.decode()
     assert 'href="/admin/dashboard/"' in html and 'href="/admin/lead-import/"' in html
