@@ -199,7 +199,7 @@ class Absence(models.Model):
 
     def clean(self) -> None:
         if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
-            raise ValidationError({"ends_at": "Must be after starts_at."})
+            raise ValidationError({"ends_at": "The end must be after the start."})
 
 
 class RoutingRule(models.Model):

@@ -112,7 +112,7 @@ class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if attrs["ends_at"] <= attrs["starts_at"]:
-            raise serializers.ValidationError({"ends_at": ["Must be after starts_at."]})
+            raise serializers.ValidationError({"ends_at": ["The end must be after the start (starts_at)."]})
         return attrs
 
 
