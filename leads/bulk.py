@@ -202,12 +202,17 @@ def leads_import(
     `parallel`: validate in a forked process (the command line); else in a thread."""
     report = ImportReport(import_id=f"import-{uuid.uuid4().hex[:12]}")
     reader = csv.reader(lines, strict=True)
+    header: list[str] = []
+    start = 1
     try:
-        header = next(reader)
         while not any(cell.strip() for cell in header):  # blank lines above the header
+            start = reader.line_num + 1
             header = next(reader)
     except StopIteration:
         raise ImportFormatError("The file is empty: it needs a header row naming the columns.") from None
+    except csv.Error as exc:
+        # A header the csv module cannot read (a stray quote) stops the file as any bad header.
+        raise ImportFormatError(f"Bad header: {_csv_problem(exc, start, reader.line_num)}") from None
     columns = _check_header(header)
     groups = {g.slug: g for g in Group.objects.all()}
     rules = active_rules()

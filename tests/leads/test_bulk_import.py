@@ -67,6 +67,10 @@ def test_header_problems_stop_the_import_before_anything_is_written(make_group):
         run(csv_of("1", header="external_id\n"))
     with pytest.raises(ImportFormatError, match="empty"):
         run(io.StringIO(""))
+    with pytest.raises(ImportFormatError, match="Bad header: text after a closing quote"):
+        run(csv_of("a@b.example,emea", header='"email"x,group\n'))
+    with pytest.raises(ImportFormatError, match=r"Bad header: a quoted cell is not closed .* \(lines 2-4\)"):
+        run(csv_of("a@b.example,emea", header='\nemail,"group\n\n'))
     assert not Lead.objects.exists()
 
 
