@@ -384,6 +384,13 @@ def _check_header(header: list[str]) -> list[str]:
     # Column names in any case; an attribute's key as written (the API keeps its case, and a
     # rule on attributes.<Key> must match imported leads as it matches posted ones).
     columns = [_column_name(h) for h in header]
+    for separator, name in ((";", "semicolons"), ("\t", "tabs")):
+        if "email" not in columns and any("email" in c.split(separator) for c in columns):
+            # A spreadsheet saved with its locale's list separator (Excel in France or Germany
+            # writes `;`): the whole header is one column, and its names would be called unknown.
+            raise ImportFormatError(
+                f"The columns are separated by {name}, not commas: save the file as CSV UTF-8 (comma delimited)."
+            )
     # A column without a name (spreadsheets write `email,group,` with a trailing delimiter) is
     # ignored; a value in it is a bad row (`_validate`).
     unknown = [

@@ -74,6 +74,15 @@ def test_header_problems_stop_the_import_before_anything_is_written(make_group):
     assert not Lead.objects.exists()
 
 
+@pytest.mark.parametrize(("separator", "name"), [(";", "semicolons"), ("\t", "tabs")])
+def test_a_file_separated_by_semicolons_or_tabs_is_refused_saying_so(make_group, separator, name):
+    make_group(1, slug="emea")
+    header = separator.join(["External_ID", "Email", "group"]) + "\n"
+    with pytest.raises(ImportFormatError, match=f"separated by {name}, not commas"):
+        run(csv_of(separator.join(["1", "a@b.example", "emea"]), header=header))
+    assert not Lead.objects.exists()
+
+
 def test_blank_lines_above_the_header_and_unnamed_trailing_columns_are_read_as_spreadsheets_write_them(make_group):
     make_group(1, slug="emea")
     text = io.StringIO(
