@@ -264,6 +264,16 @@ def test_the_command_reports_and_counts(make_group, tmp_path: Path, capsys):
         call_command("import_leads", str(path), "--no-progress")
 
 
+def test_the_progress_bar_ends_full_when_a_cell_spans_lines(make_group, tmp_path: Path):
+    make_group(1, slug="emea")
+    path = tmp_path / "leads.csv"
+    path.write_text(HEADER + '1,a@b.example,Jane,"Acme\nEurope",fr,5,emea,\n\n2,c@d.example,,,,,emea,\n')
+    out, err = io.StringIO(), io.StringIO()
+    call_command("import_leads", str(path), "--no-parallel", stdout=out, stderr=err)
+    assert "2 rows: 2 imported" in out.getvalue()
+    assert err.getvalue().rstrip().split("\r")[-1].startswith("100%"), err.getvalue()
+
+
 @pytest.mark.parametrize("parallel", [False, True], ids=["thread", "process"])
 def test_a_read_error_stops_the_import_after_the_batches_before_it(make_group, parallel):
     make_group(1, slug="emea")

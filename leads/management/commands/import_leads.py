@@ -49,6 +49,9 @@ class Command(BaseCommand):
                     progress=bar.update,
                     parallel=not options["no_parallel"],
                 )
+            # The total was counted in lines: a quoted cell over several lines, or a blank line,
+            # is not a row of its own. The bar ends at the rows read, full.
+            bar.total = report.rows
         except ImportFormatError as exc:
             raise CommandError(str(exc)) from exc
         finally:
