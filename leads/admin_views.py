@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Generator, Iterator
 from datetime import timedelta
+from typing import Any
 
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from . import dashboard
-from .bulk import ImportFormatError, csv_text, leads_import
+from .bulk import ImportFormatError, ImportReport, count_rows_in, csv_text, leads_import_steps
+
+logger = logging.getLogger(__name__)
 
 PERIODS = {
     "1": ("Last 24 hours", timedelta(days=1)),
@@ -57,32 +63,74 @@ class ImportForm(forms.Form):
     )
 
 
-def import_page(request: HttpRequest) -> HttpResponse:
-    """Upload a CSV of leads: validated, imported and routed like `manage.py import_leads`."""
+# Where the page is cut while an upload is imported: the progress bar, then the report.
+_PROGRESS_MARK = "<!-- import progress -->"
+
+
+def import_page(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """Upload a CSV of leads: validated, imported and routed like `manage.py import_leads`,
+    the page showing a progress bar as the batches are committed."""
     if not request.user.has_perm("leads.add_lead"):
         raise PermissionDenied
     report = None
     error = ""
     form = ImportForm(request.POST or None, request.FILES or None)
-    if request.method == "POST" and form.is_valid():
-        upload = form.cleaned_data["file"]
-        actor = f"admin:{request.user.get_username()}:{upload.name}"[:200]
-        try:
-            # Streamed: Django spools a large upload to a temporary file; it is read in chunks.
-            upload.seek(0)
-            report = leads_import(lines=csv_text(upload.file), actor=actor, notify_reps=form.cleaned_data["notify"])
-        except ImportFormatError as exc:
-            error = str(exc)
-    context = {
+    context: dict[str, Any] = {
         **admin.site.each_context(request),
         "title": "Import leads",
         "form": form,
-        "report": report,
-        "errors": report.errors[:200] if report else [],
-        "error": error,
         "columns": ", ".join(c for c in _columns()),
     }
+    if request.method == "POST" and form.is_valid():
+        upload = form.cleaned_data["file"]
+        actor = f"admin:{request.user.get_username()}:{upload.name}"[:200]
+        # Streamed: Django spools a large upload to a temporary file; it is read in chunks.
+        total = count_rows_in(upload.file)
+        steps = leads_import_steps(lines=csv_text(upload.file), actor=actor, notify_reps=form.cleaned_data["notify"])
+        try:
+            first = next(steps)  # the header is checked here: a bad file is answered at once
+        except ImportFormatError as exc:
+            error = str(exc)
+        except StopIteration as done:  # a header and no rows
+            report = done.value
+        else:
+            page = render_to_string("admin/leads/import.html", {**context, "total": total}, request)
+            return StreamingHttpResponse(_import_streamed(page, steps, first, total, upload))
+    context.update({"report": report, "errors": report.errors[:200] if report else [], "error": error})
     return TemplateResponse(request, "admin/leads/import.html", context)
+
+
+def _import_streamed(
+    page: str, steps: Generator[int, None, ImportReport], first: int, total: int, upload: Any
+) -> Iterator[str]:
+    """The page up to its progress bar, then one line of script per batch committed, then the
+    report and the rest of the page. A browser shows each part as it arrives."""
+    head, tail = page.split(_PROGRESS_MARK, 1)
+    yield head
+    done, report = first, None
+    try:
+        while True:
+            yield f"<script>leadImportProgress({done})</script>\n"
+            try:
+                done += next(steps)
+            except StopIteration as finished:
+                report = finished.value
+                break
+    except Exception as exc:  # noqa: BLE001 - the page has started: said there, and logged
+        logger.exception("lead import stopped")
+        stopped = (
+            f"The import stopped ({type(exc).__name__}) after {done} rows: the batches before it are "
+            "imported; upload the file again to import the rest (what is imported is skipped)."
+        )
+        yield render_to_string("admin/leads/import_report.html", {"error": stopped})
+    else:
+        yield "<script>leadImportProgress(null)</script>\n"  # done: the bar full
+        errors = report.errors[:200] if report else []
+        yield render_to_string("admin/leads/import_report.html", {"report": report, "errors": errors})
+    finally:
+        steps.close()
+        upload.close()
+    yield tail
 
 
 def _columns() -> tuple[str, ...]:

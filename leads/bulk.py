@@ -32,7 +32,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import IO, Any
@@ -177,12 +177,19 @@ class _RowValidator:
 
 def count_rows(path: str) -> int:
     """Data rows in a CSV file (lines less the header), streamed: for the progress bar."""
-    lines, last = 0, b"\n"
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            # Lines end in \n, \r\n or \r (a \r\n split between two chunks counts twice).
-            lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
-            last = chunk[-1:]
+        return count_rows_in(f)
+
+
+def count_rows_in(binary: IO[bytes]) -> int:
+    """`count_rows` for an open binary file, read from its start and left there again."""
+    lines, last = 0, b"\n"
+    binary.seek(0)
+    while chunk := binary.read(1 << 20):
+        # Lines end in \n, \r\n or \r (a \r\n split between two chunks counts twice).
+        lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+        last = chunk[-1:]
+    binary.seek(0)
     if last not in (b"\n", b"\r"):
         lines += 1
     return max(lines - 1, 0)
@@ -199,7 +206,32 @@ def leads_import(
 ) -> ImportReport:
     """Imports and routes the leads of a CSV stream (an open text file, newline="").
 
-    `parallel`: validate in a forked process (the command line); else in a thread."""
+    `parallel`: validate in a forked process (the command line); else in a thread.
+    `progress(rows)` is called after each batch with the rows it read."""
+    steps = leads_import_steps(
+        lines=lines, actor=actor, batch_size=batch_size, notify_reps=notify_reps, parallel=parallel
+    )
+    while True:
+        try:
+            read = next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if progress:
+            progress(read)
+
+
+def leads_import_steps(
+    *,
+    lines: Iterable[str],
+    actor: str,
+    batch_size: int = BATCH_SIZE,
+    notify_reps: bool = True,
+    parallel: bool = False,
+) -> Generator[int, None, ImportReport]:
+    """`leads_import` one batch at a time: yields the rows each batch read once it is routed
+    and committed, and returns the report (for a page that shows its progress as it goes).
+    A bad header raises ImportFormatError at the first step; stopped early (closed), the
+    batches already committed stay, as after an import cut short."""
     report = ImportReport(import_id=f"import-{uuid.uuid4().hex[:12]}")
     reader = csv.reader(lines, strict=True)
     header: list[str] = []
@@ -261,8 +293,7 @@ def leads_import(
         report.errors.extend(parsed.errors[: max(MAX_ERRORS_KEPT - len(report.errors), 0)])
         if parsed.rows:
             _route_batch(parsed.rows, groups=groups, actor=actor, report=report, notify_reps=notify_reps)
-        if progress:
-            progress(parsed.read)
+        yield parsed.read
     return report
 
 

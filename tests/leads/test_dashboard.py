@@ -1,5 +1,6 @@
 """The managers' dashboard and the CSV upload page in the admin."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -107,6 +108,13 @@ def test_pages_need_their_permissions(client, db):
     assert client.get("/admin/dashboard/").status_code == 200
 
 
+def html_of(response) -> str:
+    """The page, whole: an import's is streamed (progress bar first, then the report)."""
+    if response.streaming:
+        return b"".join(response.streaming_content).decode()
+    return response.content.decode()
+
+
 def test_upload_imports_and_lists_bad_lines(admin_client, make_group):
     make_group(2, slug="emea")
     body = b"external_id,email,group\nu-1,one@customer.example,emea\nu-2,broken,emea\nu-3,three@customer.example,emea\n"
@@ -114,14 +122,34 @@ def test_upload_imports_and_lists_bad_lines(admin_client, make_group):
         "/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body, "text/csv"), "notify": "on"}
     )
     assert response.status_code == 200
-    html = response.content.decode()
+    html = html_of(response)
     assert "3 rows: 2 imported (2 assigned, 0 queued)" in html
     assert "<td>3</td>" in html and "Enter a valid email address." in html
     assert Lead.objects.count() == 2
     again = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body, "text/csv")})
-    assert "2 already imported" in again.content.decode() and Lead.objects.count() == 2
+    assert "2 already imported" in html_of(again) and Lead.objects.count() == 2
     bad = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("x.csv", b"colour\nred\n")})
-    assert "unknown columns" in bad.content.decode()
+    assert "unknown columns" in html_of(bad)
+
+
+def test_an_upload_shows_its_progress_batch_by_batch(admin_client, make_group):
+    """The page arrives in parts: the bar first, one update per batch committed, then the
+    report (a browser shows each part as it comes)."""
+    from leads.bulk import BATCH_SIZE
+
+    make_group(2, slug="emea")
+    rows = BATCH_SIZE * 2 + 10
+    body = "external_id,email,group\n" + "".join(f"p-{i},p{i}@customer.example,emea\n" for i in range(rows))
+    response = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body.encode())})
+    assert response.status_code == 200 and response.streaming
+    parts = [part.decode() for part in response.streaming_content]
+    assert '<progress id="import-bar" max="1010"' in parts[0] and "Imported:" not in parts[0]
+    updates = [int(n) for part in parts for n in re.findall(r"leadImportProgress\((\d+)\)", part)]
+    assert updates == [BATCH_SIZE, BATCH_SIZE * 2, rows]
+    report = next(i for i, part in enumerate(parts) if "Imported:" in part)
+    assert "leadImportProgress(null)" in parts[report - 1]
+    assert f"{rows} rows: {rows} imported" in parts[report] and "</html>" in parts[-1]
+    assert Lead.objects.count() == rows
 
 
 @pytest.mark.parametrize("spooled", [False, True], ids=["in-memory", "temporary-file"])
@@ -134,7 +162,7 @@ def test_upload_reads_cr_endings_and_refuses_latin1_rows_by_line(admin_client, m
         "/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body.encode("latin-1"), "text/csv")}
     )
     assert response.status_code == 200
-    html = response.content.decode()
+    html = html_of(response)
     assert "2 rows: 1 imported" in html and "Not UTF-8 text" in html and "<td>3</td>" in html
     assert list(Lead.objects.values_list("external_id", flat=True)) == ["c-1"]
 
