@@ -206,6 +206,9 @@ def test_a_csv_upload_imports_routes_and_lists_bad_lines(page: Page, live: str, 
     page.click("input[type=submit][value=Import]")
     report = page.locator("#import-report")
     expect(report).to_contain_text("4 rows: 2 imported (2 assigned, 0 queued)")
+    # The progress bar the page streamed ahead of the report, full once the import is done.
+    expect(page.locator("#import-count")).to_have_text("done")
+    assert page.evaluate("document.getElementById('import-bar').value") == 4
     expect(report.locator("tbody tr")).to_have_count(2)
     expect(report.locator("tbody tr").nth(0)).to_contain_text("3")
     expect(report.locator("tbody tr").nth(1)).to_contain_text("not an ISO 3166-1 alpha-2 country code")
