@@ -13,7 +13,7 @@ from typing import Any
 from django.utils import timezone
 
 from rotation.eligibility import eligibility
-from rotation.models import Group, RotationState
+from rotation.models import Group, Rep, RotationState
 
 from . import ownership
 from .models import DEDUP_STATUSES, Lead
@@ -70,6 +70,12 @@ def routing_simulate(*, data: dict[str, Any], requested: Group | None) -> dict[s
         )
         if f.rep_id == decision.rep_id:
             result["rep"] = {"id": f.rep_id, "name": f.rep_name, "email": f.rep_email}
+    # The account owner when it is not a member: routing's explanation names it too (with why).
+    members = {f.rep_id for f in facts}
+    for c in decision.candidates:
+        if c["rep"] not in members:
+            rep = Rep.objects.filter(id=c["rep"]).values("id", "name", "email").first()
+            result["candidates"].append({"rep": rep, "eligible": c["eligible"], "reason": c["reason"]})
     result["pointer_before"], result["pointer_after"] = decision.pointer_before, decision.pointer_after
     if decision.rep_id is not None:
         result["reason"] = decision.reason
