@@ -55,10 +55,16 @@ def _lead_id(pk: str | None) -> int:
 class LeadActionsMixin:
     """Adds the action endpoints to the lead viewset."""
 
-    def _act(self, request: Request, pk: str | None, run: Callable[[int], Lead]) -> Response:
+    @staticmethod
+    def _existing(pk: str | None) -> int:
+        """The lead's id, or 404: checked before the body, so an unknown lead is a 404 whatever
+        was sent, as for any other resource."""
         lead_id = _lead_id(pk)
         if not Lead.objects.filter(pk=lead_id).exists():
             raise Http404("No such lead.")
+        return lead_id
+
+    def _act(self, request: Request, lead_id: int, run: Callable[[int], Lead]) -> Response:
         try:
             lead = run(lead_id)
         except Lead.DoesNotExist:
@@ -82,20 +88,22 @@ class LeadActionsMixin:
     @action(detail=True, methods=["post"], filterset_class=None, pagination_class=None)
     def accept(self, request: Request, pk: str | None = None) -> Response:
         """The owner accepts the lead: escalation stops. 409 when the rep is not the owner."""
+        lead_id = self._existing(pk)
         data = self._valid(AcceptSerializer, request)
         actor = actor_of(request)
-        return self._act(request, pk, lambda i: actions.lead_accept(lead_id=i, rep_id=data["rep"], actor=actor))
+        return self._act(request, lead_id, lambda i: actions.lead_accept(lead_id=i, rep_id=data["rep"], actor=actor))
 
     @extend_schema(request=ReassignSerializer, responses=ACTION_RESPONSES)
     @action(detail=True, methods=["post"], filterset_class=None, pagination_class=None)
     def reassign(self, request: Request, pk: str | None = None) -> Response:
         """Gives the lead to a rep by hand (reason required). The rotation pointer does not
         move; a cap may be exceeded and the audit event says so."""
+        lead_id = self._existing(pk)
         data = self._valid(ReassignSerializer, request)
         actor = actor_of(request)
         return self._act(
             request,
-            pk,
+            lead_id,
             lambda i: actions.lead_reassign(lead_id=i, rep_id=data["rep"], reason=data["reason"], actor=actor),
         )
 
@@ -103,21 +111,26 @@ class LeadActionsMixin:
     @action(detail=True, methods=["post"], filterset_class=None, pagination_class=None)
     def reroute(self, request: Request, pk: str | None = None) -> Response:
         """Runs the routing rules and the rotation again."""
+        lead_id = self._existing(pk)
         self._valid(RerouteSerializer, request)
         actor = actor_of(request)
-        return self._act(request, pk, lambda i: actions.lead_reroute(lead_id=i, actor=actor))
+        return self._act(request, lead_id, lambda i: actions.lead_reroute(lead_id=i, actor=actor))
 
     @extend_schema(request=CloseSerializer, responses=ACTION_RESPONSES)
     @action(detail=True, methods=["post"], filterset_class=None, pagination_class=None)
     def close(self, request: Request, pk: str | None = None) -> Response:
         """Closes the lead with an outcome; the rep's capacity frees up."""
+        lead_id = self._existing(pk)
         data = self._valid(CloseSerializer, request)
         actor = actor_of(request)
-        return self._act(request, pk, lambda i: actions.lead_close(lead_id=i, outcome=data["outcome"], actor=actor))
+        return self._act(
+            request, lead_id, lambda i: actions.lead_close(lead_id=i, outcome=data["outcome"], actor=actor)
+        )
 
     @extend_schema(request=LeadPatchSerializer, responses=ACTION_RESPONSES)
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
         """Edits contact fields. Never moves the lead (reroute does)."""
+        lead_id = self._existing(pk)
         data = self._valid(LeadPatchSerializer, request)
         actor = actor_of(request)
-        return self._act(request, pk, lambda i: actions.lead_update(lead_id=i, changes=data, actor=actor))
+        return self._act(request, lead_id, lambda i: actions.lead_update(lead_id=i, changes=data, actor=actor))

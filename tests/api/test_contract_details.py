@@ -167,3 +167,18 @@ def test_the_schema_documents_the_headers_of_intakes_answers(api, make_group):
     responses = Client().get("/api/schema/?format=json").json()["paths"]["/api/v1/leads/"]["post"]["responses"]
     assert responses["200"]["headers"]["Idempotent-Replayed"]["schema"]["enum"] == ["true"]
     assert responses["201"]["headers"]["Location"]["required"] is True
+
+
+@pytest.mark.parametrize(
+    ("method", "action", "body"),
+    [
+        ("post", "accept/", {"rep": "x"}),
+        ("post", "reassign/", {}),
+        ("post", "reroute/", {"colour": 1}),
+        ("post", "close/", {"outcome": "maybe"}),
+        ("patch", "", {"email": "broken"}),
+    ],
+)
+def test_an_action_on_an_unknown_lead_is_a_404_whatever_its_body(api, method, action, body):
+    response = getattr(api, method)(f"/api/v1/leads/999999/{action}", body, format="json")
+    assert response.status_code == 404, response.content
