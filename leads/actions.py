@@ -142,8 +142,13 @@ def _breach_count_if_late(assignment: Assignment, now: datetime) -> None:
     that came late, a worker that was down). Counted once committed."""
     if assignment.due_at is None or assignment.group_id is None or now <= assignment.due_at:
         return
-    slug = Group.objects.filter(pk=assignment.group_id).values_list("slug", flat=True).first()
-    transaction.on_commit(lambda: metrics.sla_breach_recorded(group=slug))
+    group_id = assignment.group_id
+
+    def record() -> None:  # the group's slug read after commit, not under the lead's locks
+        slug = Group.objects.filter(pk=group_id).values_list("slug", flat=True).first()
+        metrics.sla_breach_recorded(group=slug)
+
+    transaction.on_commit(record, robust=True)
 
 
 def _assign(
