@@ -6,7 +6,9 @@ Lock order, as everywhere: the group's rotation row, then the lead row. Whatever
 decide (the open assignment, eligibility, caps) is read *after* both locks, so a decision is
 never made from a stale snapshot: an accept that commits just before its timer fires wins,
 and a timer delivered twice (or the timer and the sweep together) escalates once.
-Accept, close and edit change no rotation state and take only the lead row's lock.
+Accept, close and edit change no rotation state and take only the lead row's lock (an edit of
+the email takes that address's dedup lock first, as intake does; a reassign locks the rep's
+row first).
 
 Side effects (SLA timers, queue drains) are published after commit (`leads/scheduling.py`).
 """
@@ -33,7 +35,7 @@ from routing_project import metrics
 from routing_project.db import set_lock_timeout
 
 from . import notify, ownership, routing, scheduling
-from .models import OPEN_STATUSES, Assignment, Lead, LeadStatus
+from .models import DEDUP_STATUSES, OPEN_STATUSES, Assignment, Lead, LeadStatus
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,12 @@ class EscalationResult:
 # --- the transaction and the locks -----------------------------------------------------------
 
 
+class _LeadMoved(Exception):
+    """The lead changed groups between the read of its group and its lock: the transaction
+    starts over, its locks released, rather than lock the new group's rotation row while
+    holding the lead's (against the lock order)."""
+
+
 def _in_transaction(fn: Callable[[], T]) -> T:
     """Runs `fn` in one transaction with the routing lock timeout; retries deadlocks and
     serialization failures like intake does; a lock held too long is RoutingBusy (503)."""
@@ -85,6 +93,8 @@ def _in_transaction(fn: Callable[[], T]) -> T:
             with transaction.atomic():
                 set_lock_timeout()
                 return fn()
+        except _LeadMoved:
+            continue  # at once: the move that caused it has committed
         except Exception as exc:
             if routing.is_lock_timeout(exc):
                 raise routing.RoutingBusy() from exc
@@ -106,19 +116,19 @@ def _lock_lead_and_group(lead_id: int) -> tuple[Lead, RotationState | None]:
     """The rotation row of the lead's group, then the lead row: the one lock order.
 
     The group is read before the lock; if a concurrent reroute moved the lead meanwhile, the
-    lead's new group is locked too (rare; a deadlock there is detected and retried)."""
-    for _ in range(3):
-        row = Lead.objects.filter(pk=lead_id).values_list("group_id", flat=True)
-        if not row:
-            raise Lead.DoesNotExist(f"no lead {lead_id}")
-        group_id = row[0]
-        state = routing.lock_rotation(group_id) if group_id is not None else None
-        lead = _lock_lead(lead_id)
-        if lead is None:
-            raise Lead.DoesNotExist(f"no lead {lead_id}")
-        if lead.group_id == group_id:
-            return lead, state
-    raise routing.RoutingBusy()
+    transaction starts over (`_LeadMoved`): locking the new group's rotation row now, with
+    the lead's row held, would take the two locks in the other order."""
+    row = Lead.objects.filter(pk=lead_id).values_list("group_id", flat=True)
+    if not row:
+        raise Lead.DoesNotExist(f"no lead {lead_id}")
+    group_id = row[0]
+    state = routing.lock_rotation(group_id) if group_id is not None else None
+    lead = _lock_lead(lead_id)
+    if lead is None:
+        raise Lead.DoesNotExist(f"no lead {lead_id}")
+    if lead.group_id != group_id:
+        raise _LeadMoved()
+    return lead, state
 
 
 def _open_assignment(lead: Lead) -> Assignment | None:
@@ -495,13 +505,15 @@ def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str, only_qu
     """A manager gives the lead to a rep by hand. The pointer does not move; the assignment
     counts toward the rep's daily count; a cap may be exceeded, and the audit says so.
     `only_queued`: refuse (LeadConflict) a lead that is no longer in the fallback queue."""
-    rep = Rep.objects.filter(pk=rep_id).first()
-    if rep is None:
-        raise ActionRejected({"rep": [f"No rep with id {rep_id}."]})
-    if not rep.active:
-        raise ActionRejected({"rep": [f"Rep {rep_id} is inactive."]})
 
     def body() -> Lead:
+        # The rep's row first (before the rotation row and the lead's, as deleting a rep locks
+        # it and then its leads): a deactivation committing meanwhile is waited for and seen.
+        rep = Rep.objects.select_for_update(no_key=True).filter(pk=rep_id).first()
+        if rep is None:
+            raise ActionRejected({"rep": [f"No rep with id {rep_id}."]})
+        if not rep.active:
+            raise ActionRejected({"rep": [f"Rep {rep_id} is inactive."]})
         lead, state = _lock_lead_and_group(lead_id)
         _still_queued(lead, only_queued)
         if lead.status == LeadStatus.CLOSED:
@@ -681,8 +693,25 @@ def lead_close(*, lead_id: int, outcome: str, actor: str, only_queued: bool = Fa
     return _in_transaction(body)
 
 
+def open_duplicate(lead: Lead, email_normalized: str) -> Lead | None:
+    """Another open lead with this address, within `lead`'s group's dedup window: what intake
+    would answer `duplicate_of` with. None for a closed `lead` (dedup is about open leads)."""
+    if lead.status not in DEDUP_STATUSES:
+        return None
+    window = lead.group.dedup_days if lead.group is not None else 30
+    since = timezone.now() - timedelta(days=window)
+    return (
+        Lead.objects.filter(email_normalized=email_normalized, status__in=DEDUP_STATUSES, created_at__gte=since)
+        .exclude(pk=lead.pk)
+        .order_by("-id")
+        .first()
+    )
+
+
 def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead:
-    """Edits contact fields. Never moves the lead (a reroute does that, explicitly)."""
+    """Edits contact fields. Never moves the lead (a reroute does that, explicitly). A new
+    email address that another open lead has is refused (LeadConflict): one open lead per
+    address, as intake keeps it."""
     unknown = sorted(set(changes) - set(CONTACT_FIELDS))
     if unknown:
         raise ActionRejected({name: ["Not a contact field; only these can be edited here."] for name in unknown})
@@ -690,12 +719,23 @@ def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead
     def body() -> Lead:
         from .services import normalize_email
 
+        email_normalized = normalize_email(changes["email"]) if "email" in changes else None
+        if email_normalized is not None:
+            # The new address's lock, as intake takes it and in intake's order (before any row
+            # lock): an intake of that address and this edit cannot both pass dedup.
+            routing.lock_email(email_normalized)
         lead = _lock_lead(lead_id)
         if lead is None:
             raise Lead.DoesNotExist(f"no lead {lead_id}")
         changed = [name for name, value in changes.items() if getattr(lead, name) != value]
         if not changed:
             return lead
+        if email_normalized is not None and email_normalized != lead.email_normalized:
+            other = open_duplicate(lead, email_normalized)
+            if other is not None:
+                raise LeadConflict(
+                    f"Lead {other.id} is open with this email address: close or merge one of the two leads first."
+                )
         for name in changed:
             setattr(lead, name, changes[name])
         fields = list(changed)

@@ -1,5 +1,6 @@
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -25,6 +26,28 @@ class AssignmentInline(admin.TabularInline):
         return super().get_queryset(request).select_related("rep")
 
 
+class LeadForm(forms.ModelForm):
+    class Meta:
+        model = Lead
+        fields = actions.CONTACT_FIELDS  # the rest is read-only here
+
+    def clean_email(self) -> str:
+        """An address another open lead has is refused on the field (lead_update refuses it
+        again under the lock, for an intake of that address racing this save)."""
+        from .services import normalize_email
+
+        email = self.cleaned_data["email"]
+        if self.instance.pk is not None and "email" in self.changed_data:
+            other = actions.open_duplicate(self.instance, normalize_email(email))
+            if other is not None:
+                raise forms.ValidationError(
+                    "Lead %(other)s is open with this email address: close one of the two leads first.",
+                    code="duplicate",
+                    params={"other": other.pk},
+                )
+        return email
+
+
 # The facts the routing decided on: read-only for everyone (a reroute moves a lead).
 ROUTING_FACTS = ("country", "region", "source", "product", "score", "company_size", "external_id", "attributes")
 
@@ -36,6 +59,7 @@ class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
     search_fields = ("email", "company", "external_id")
     list_select_related = ("group", "owner")
     date_hierarchy = "created_at"
+    form = LeadForm
     inlines = [AssignmentInline]
     show_full_result_count = False
     readonly_fields = (
@@ -80,14 +104,15 @@ class LeadAdmin(LeadActionsAdminMixin, admin.ModelAdmin):
             try:
                 actions.lead_update(lead_id=obj.pk, changes=changes, actor=admin_actor(request))
             except RoutingBusy:
-                request._lead_busy = True  # type: ignore[attr-defined]  # read by response_change
+                # The lead was locked by a routing change (an escalation, an accept).
+                request._lead_unsaved = "The lead is being changed right now; nothing was saved. Save again."  # type: ignore[attr-defined]
+            except actions.LeadConflict as exc:  # an intake of the new address got there first
+                request._lead_unsaved = f"Nothing was saved: {exc}"  # type: ignore[attr-defined]
 
     def response_change(self, request: HttpRequest, obj: Lead) -> HttpResponse:
-        if getattr(request, "_lead_busy", False):
-            # The lead was locked by a routing change (an escalation, an accept): nothing saved.
-            self.message_user(
-                request, "The lead is being changed right now; nothing was saved. Save again.", messages.ERROR
-            )
+        unsaved = getattr(request, "_lead_unsaved", None)
+        if unsaved:
+            self.message_user(request, unsaved, messages.ERROR)
             return HttpResponseRedirect(request.path)
         return super().response_change(request, obj)
 

@@ -255,6 +255,28 @@ def test_patch_edits_contact_fields_and_never_moves_the_lead(api, make_group):
     assert event.explanation == {"fields": ["email", "first_name"], "moved": False}
 
 
+def test_patch_to_the_address_of_another_open_lead_is_a_conflict(api, make_group):
+    """One open lead per address, as intake keeps it: an edit that would make two is refused,
+    naming the other lead; the same edit is fine once that lead is closed."""
+    make_group(2, slug="emea")
+    first = post(api, group="emea", email="jane@acme.example")
+    second = post(api, group="emea", email="john@acme.example")
+    r = api.patch(f"/api/v1/leads/{second['id']}/", {"email": " JANE@acme.example", "phone": "+331"}, format="json")
+    assert r.status_code == 409, r.content
+    assert f"Lead {first['id']} is open with this email address" in r.json()["detail"]
+    stored = Lead.objects.get(pk=second["id"])
+    assert (stored.email, stored.phone) == ("john@acme.example", "")  # nothing half-written
+    assert not events(second["id"], "lead.changed")
+    # Its own address again, in other case: not a duplicate of itself.
+    assert api.patch(f"/api/v1/leads/{second['id']}/", {"email": "John@Acme.example"}, format="json").status_code == 200
+    assert api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "lost"}, format="json").status_code == 200
+    assert api.patch(f"/api/v1/leads/{second['id']}/", {"email": "jane@acme.example"}, format="json").status_code == 200
+    # A closed lead may take the address of an open one: dedup is about open leads.
+    third = post(api, group="emea", email="jim@acme.example")
+    assert api.post(f"/api/v1/leads/{third['id']}/close/", {"outcome": "won"}, format="json").status_code == 200
+    assert api.patch(f"/api/v1/leads/{third['id']}/", {"email": "jane@acme.example"}, format="json").status_code == 200
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -140,3 +140,18 @@ def test_a_leads_trail_says_how_it_came_in_and_what_was_edited(api, make_group, 
     html = manager.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
     assert "Received from API client" in html and "source webform, asking for group emea." in html
     assert "Contact fields edited: first_name; the lead was not moved." in html
+
+
+def test_editing_a_leads_email_to_another_open_leads_is_refused_on_the_field(api, make_group, manager):
+    make_group(1, slug="emea")
+    first = api.post("/api/v1/leads/", lead_body(group="emea", email="jane@acme.example"), format="json").json()
+    second = api.post("/api/v1/leads/", lead_body(group="emea", email="john@acme.example"), format="json").json()
+    lead = Lead.objects.get(pk=second["id"])
+    form = {"email": "Jane@Acme.example", "first_name": "x", "last_name": lead.last_name, "company": lead.company}
+    form.update({"phone": lead.phone, "assignments-TOTAL_FORMS": "0", "assignments-INITIAL_FORMS": "0"})
+    r = manager.post(f"/admin/leads/lead/{lead.pk}/change/", form)
+    assert r.status_code == 200
+    assert f"Lead {first['id']} is open with this email address" in r.content.decode()
+    lead.refresh_from_db()
+    assert (lead.email, lead.first_name) == ("john@acme.example", "")
+    assert not AuditEvent.objects.filter(lead_id=lead.pk, type="lead.changed").exists()

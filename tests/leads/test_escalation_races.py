@@ -70,3 +70,165 @@ def test_accept_timer_and_sweep_race(api, make_group):
             assert outcomes[lead_id] == ["conflict"]
             assert escalated == 1 and len(rows) == 2 and lead.status == "assigned"
             assert lead.owner_id != firsts[lead_id].rep_id
+
+
+def _lead_row_locked(lead_id: int) -> bool:
+    """Whether another transaction holds the lead's row lock (asked from a connection of its own)."""
+    from django.db import DatabaseError, connections, transaction
+
+    out: dict[str, bool] = {}
+
+    def probe() -> None:
+        try:
+            with transaction.atomic():
+                Lead.objects.select_for_update(nowait=True).filter(pk=lead_id).first()
+            out["locked"] = False
+        except DatabaseError:
+            out["locked"] = True
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join(10)
+    return out["locked"]
+
+
+def test_reassign_of_a_lead_moved_meanwhile_starts_over_in_lock_order(api, make_group):
+    """A reassign reads the lead's group, locks that rotation row and waits on the lead, which a
+    reroute is moving to another group. When the move commits, the reassign must not lock the
+    new group's rotation row while holding the lead's (the other order: a deadlock with anyone
+    routing that lead in its new group); it starts over and waits holding nothing."""
+    from django.db import connection, transaction
+
+    from rotation.models import RotationState
+    from tests.leads.test_concurrency import waiting_on_locks
+
+    g1, _reps1 = make_group(2, slug="from")
+    g2, reps2 = make_group(2, slug="to")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="from"), format="json").json()["id"]
+    target = reps2[0].id
+    mover_locked, mover_commit = threading.Event(), threading.Event()
+    blocker_locked, blocker_release = threading.Event(), threading.Event()
+    outcome: dict = {}
+    errors: list[BaseException] = []
+
+    def mover() -> None:  # a reroute's write, paused with the lead row locked
+        try:
+            with transaction.atomic():
+                Lead.objects.select_for_update().get(pk=lead_id)
+                Lead.objects.filter(pk=lead_id).update(group_id=g2.id)
+                mover_locked.set()
+                mover_commit.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def blocker() -> None:  # someone routing in the new group, holding its rotation row
+        try:
+            with transaction.atomic():
+                RotationState.objects.select_for_update(no_key=True).get(group_id=g2.id)
+                blocker_locked.set()
+                blocker_release.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def reassign() -> None:
+        try:
+            outcome["lead"] = actions.lead_reassign(lead_id=lead_id, rep_id=target, reason="by hand", actor="test")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while waiting_on_locks() < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert waiting_on_locks() >= n
+
+    threads = [threading.Thread(target=mover), threading.Thread(target=blocker)]
+    for t in threads:
+        t.start()
+    assert mover_locked.wait(10) and blocker_locked.wait(10)
+    worker = threading.Thread(target=reassign)
+    worker.start()
+    try:
+        wait_for(1)  # the reassign holds the old group's rotation row and waits on the lead
+        mover_commit.set()
+        threads[0].join(10)
+        wait_for(1)  # now it waits on the new group's rotation row...
+        assert not _lead_row_locked(lead_id), "the reassign holds the lead's row while waiting on a rotation row"
+    finally:
+        mover_commit.set()
+        blocker_release.set()
+        for t in [*threads, worker]:
+            t.join(30)
+        connection.close()
+    assert not errors, errors
+    lead = Lead.objects.get(pk=lead_id)
+    assert (lead.group_id, lead.owner_id, lead.status) == (g2.id, target, "assigned")
+    assert AuditEvent.objects.filter(lead_id=lead_id, type=AuditEvent.Type.LEAD_REASSIGNED).count() == 1
+    assert Assignment.objects.filter(lead_id=lead_id, ended_at__isnull=True).count() == 1
+
+
+def test_reassign_to_a_rep_deactivated_meanwhile_is_refused(api, make_group):
+    """The rep is read under its row lock inside the reassign's transaction: a deactivation
+    committing while the reassign waits is seen, and the lead stays where it was."""
+    from django.db import connection, transaction
+
+    from rotation.models import Rep
+    from tests.leads.test_concurrency import waiting_on_locks
+
+    group, reps = make_group(3, slug="g")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="g"), format="json").json()["id"]
+    owner = Lead.objects.get(pk=lead_id).owner_id
+    target = next(r for r in reps if r.id != owner)
+    locked, commit = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    outcome: dict = {}
+
+    def deactivate() -> None:
+        try:
+            with transaction.atomic():
+                Rep.objects.filter(pk=target.id).update(active=False)
+                locked.set()
+                commit.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def reassign() -> None:
+        try:
+            actions.lead_reassign(lead_id=lead_id, rep_id=target.id, reason="by hand", actor="test")
+            outcome["result"] = "reassigned"
+        except actions.ActionRejected as exc:
+            outcome["result"] = exc.errors
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=deactivate)
+    first.start()
+    assert locked.wait(10)
+    second = threading.Thread(target=reassign)
+    second.start()
+    try:
+        deadline = time.monotonic() + 10
+        while waiting_on_locks() < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        commit.set()
+        first.join(30)
+        second.join(30)
+        connection.close()
+    assert not errors, errors
+    assert outcome["result"] == {"rep": [f"Rep {target.id} is inactive."]}
+    lead = Lead.objects.get(pk=lead_id)
+    assert lead.owner_id == owner
+    assert not AuditEvent.objects.filter(lead_id=lead_id, type=AuditEvent.Type.LEAD_REASSIGNED).exists()
