@@ -8,15 +8,20 @@ delivery retried with exponential backoff until it succeeds or runs out of attem
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import http.client
 import json
 import logging
+import random
+import socket
+import ssl
+import threading
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -278,6 +283,12 @@ def backoff_seconds(attempts: int) -> float:
     return float(min(settings.NOTIFY_BACKOFF_BASE_S * 2 ** max(attempts - 1, 0), settings.NOTIFY_BACKOFF_MAX_S))
 
 
+def retry_delay(attempts: int) -> float:
+    """The backoff plus up to a quarter more, at random: the deliveries that failed together
+    (a receiver down for a minute) do not all come back in the same second."""
+    return backoff_seconds(attempts) * random.uniform(1.0, 1.25)  # noqa: S311 - spread, not secrecy
+
+
 def delivery_attempt(*, delivery_id: int) -> float | None:
     """Sends one pending delivery once. Returns the seconds until its next attempt when it
     failed and may be retried, else None (sent, given up, not due, or being sent elsewhere).
@@ -325,7 +336,7 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             if d.attempts >= settings.NOTIFY_MAX_ATTEMPTS:
                 d.status = Delivery.Status.FAILED
             else:
-                retry_in = backoff_seconds(d.attempts)
+                retry_in = retry_delay(d.attempts)
                 d.next_attempt_at = now + timedelta(seconds=retry_in)
             d.save(
                 update_fields=[
@@ -384,47 +395,72 @@ def webhook_body(d: Delivery) -> bytes:
     return json.dumps(document, separators=(",", ":"), default=str).encode()
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A 3xx is not a delivery: urllib would follow it with a GET without the body (the
-    signature header along, to wherever it points) and the delivery would be logged sent.
-    Refused here, it surfaces as an HTTPError and is retried like any other failure."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_opener = urllib.request.build_opener(_NoRedirect)
-
-
 def _send_webhook(d: Delivery) -> int:
     if d.endpoint is None:
         raise DeliveryError("the endpoint was deleted")
-    url = d.endpoint.url
-    if not url.startswith(("http://", "https://")):
-        raise DeliveryError("only http and https URLs are delivered")
     body = webhook_body(d)
-    request = urllib.request.Request(  # noqa: S310 - scheme checked above
-        url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "lead-router-webhooks/1",
-            SIGNATURE_HEADER: sign(d.endpoint.secret, body),
-            "X-Event": d.message.event,
-            "X-Delivery-Id": str(d.id),
-            "X-Message-Id": f"msg_{d.message_id}",
-        },
-    )
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "lead-router-webhooks/1",
+        SIGNATURE_HEADER: sign(d.endpoint.secret, body),
+        "X-Event": d.message.event,
+        "X-Delivery-Id": str(d.id),
+        "X-Message-Id": f"msg_{d.message_id}",
+    }
+    status, detail = webhook_post(d.endpoint.url, body, headers, timeout=settings.NOTIFY_WEBHOOK_TIMEOUT_S)
+    if not 200 <= status < 300:
+        # A 3xx is not followed: it would be a GET without the body (the signature along, to
+        # wherever it points), logged as sent. It is a failed attempt like any other.
+        raise DeliveryError(f"HTTP {status}: {detail}".strip(), status_code=status)
+    return status
+
+
+def webhook_post(url: str, body: bytes, headers: dict[str, str], *, timeout: float) -> tuple[int, str]:
+    """POSTs `body` and returns (status, the first 300 characters of an error answer's body).
+
+    `timeout` bounds the whole exchange, not each socket read: a receiver that trickles its
+    answer a byte at a time would otherwise hold the worker for as long as it likes. A timer
+    shuts the socket down at the deadline, which ends any read or write in progress.
+    Every failure to get an answer is a DeliveryError without a status code."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DeliveryError("only http and https URLs are delivered")
     try:
-        with _opener.open(request, timeout=settings.NOTIFY_WEBHOOK_TIMEOUT_S) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        detail = exc.read(300).decode("utf-8", "replace") if exc.fp else ""
-        raise DeliveryError(f"HTTP {exc.code}: {detail}".strip(), status_code=exc.code) from exc
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise DeliveryError(f"{type(exc).__name__}: {reason}") from exc
+        port = parts.port
+        connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        kwargs: dict[str, Any] = {"context": ssl.create_default_context()} if parts.scheme == "https" else {}
+        conn = connection_class(parts.hostname, port, timeout=timeout, **kwargs)
+    except ValueError as exc:  # a port out of range, a malformed host
+        raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = conn.sock  # once: the sending thread may be closing it
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(timeout, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.connect()
+        if expired.is_set():  # the connect took the whole time
+            raise TimeoutError("timed out")
+        conn.request("POST", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body, headers)
+        response = conn.getresponse()
+        detail = ""
+        if not 200 <= response.status < 300:
+            detail = response.read(300).decode("utf-8", "replace")
+        return response.status, detail
+    except (OSError, http.client.HTTPException, ValueError, UnicodeError) as exc:
+        if expired.is_set():
+            raise DeliveryError(f"no complete answer within {timeout:g} s") from exc
+        raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        timer.cancel()
+        conn.close()
 
 
 def email_content(d: Delivery) -> tuple[str, str]:

@@ -108,7 +108,7 @@ def test_failed_webhook_is_retried_with_exponential_backoff(post_lead, make_grou
     [delivery_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
 
     before = timezone.now()
-    assert services.delivery_attempt(delivery_id=delivery_id) == 5
+    assert 5 <= services.delivery_attempt(delivery_id=delivery_id) <= 6.25  # the backoff, spread
     d = Delivery.objects.get(pk=delivery_id)
     assert (d.status, d.attempts, d.last_status_code) == ("pending", 1, 500)
     assert d.last_error.startswith("HTTP 500")
@@ -119,7 +119,7 @@ def test_failed_webhook_is_retried_with_exponential_backoff(post_lead, make_grou
     assert len(receiver.requests) == 1
 
     make_due(delivery_id)
-    assert services.delivery_attempt(delivery_id=delivery_id) == 10  # doubled
+    assert 10 <= services.delivery_attempt(delivery_id=delivery_id) <= 12.5  # doubled
     make_due(delivery_id)
     assert services.delivery_attempt(delivery_id=delivery_id) is None
     d.refresh_from_db()
@@ -199,6 +199,62 @@ def test_backoff_is_capped(settings):
     settings.NOTIFY_BACKOFF_BASE_S = 5
     settings.NOTIFY_BACKOFF_MAX_S = 60
     assert [services.backoff_seconds(n) for n in range(1, 7)] == [5, 10, 20, 40, 60, 60]
+
+
+def test_retries_that_failed_together_are_spread(settings):
+    """A receiver down for a minute fails many deliveries at once: their retries must not all
+    come back in the same second. Each waits its backoff and up to a quarter more."""
+    settings.NOTIFY_BACKOFF_BASE_S = 5
+    delays = [services.retry_delay(3) for _ in range(200)]
+    assert all(20 <= d <= 25 for d in delays)
+    assert len({round(d, 1) for d in delays}) > 20
+
+
+def test_a_receiver_that_trickles_its_answer_is_cut_at_the_timeout(make_group, settings):
+    """The timeout bounds the whole exchange, not each read: a receiver sending its answer a
+    byte at a time does not hold the worker past it."""
+    import time
+
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_WEBHOOK_TIMEOUT_S = 0.5
+    group, reps = make_group(1)
+    stop = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"y" * 100:  # each byte well within a read timeout
+                if stop.wait(0.1):
+                    return
+                try:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                except OSError:
+                    return
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{server.server_address[1]}/slow")
+        with transaction.atomic():
+            message = services.outbox_add(
+                event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={"lead": {"id": 7}}
+            )
+        [delivery_id] = services.outbox_dispatch(message_id=message.id)
+        started = time.monotonic()
+        assert services.delivery_attempt(delivery_id=delivery_id) is not None
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
+    assert took < 2, took  # the receiver would take 10 s or more
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts, d.last_status_code) == ("pending", 1, None)
+    assert d.last_error == "no complete answer within 0.5 s"
 
 
 def test_the_task_retries_through_celery(post_lead, make_group, receiver, settings):
