@@ -1,8 +1,9 @@
 """Pieces every app's API shares."""
 
 import json
+import math
 import re
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.conf import settings
@@ -65,11 +66,28 @@ def ascii_email(value: str) -> str:
 
 class DecimalField(serializers.DecimalField):
     """A decimal given as a JSON number (0.5) or, exactly, as text ("0.5"); answered as a number.
-    Its schema states its limits (DecimalFieldSchema)."""
+    Its schema states its limits (DecimalFieldSchema).
+
+    A JSON number is a binary float: one with more decimal places than the field keeps (1.234)
+    is rounded to them, half up, as the schema's number form (a minimum and a maximum, no
+    step) allows it; its range is checked before rounding, so 0.004 stays under a minimum of
+    0.01. Text is exact: more places than the field keeps is a 400, as its pattern says."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("coerce_to_string", False)
         super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> Decimal:
+        if isinstance(data, float) and self.decimal_places is not None and math.isfinite(data):
+            raw = Decimal(repr(data))
+            if self.min_value is not None and raw < self.min_value:
+                self.fail("min_value", min_value=self.min_value)
+            if self.max_digits is not None:
+                top = Decimal(10) ** (self.max_digits - self.decimal_places) - Decimal(10) ** -self.decimal_places
+                if raw > top:
+                    raise serializers.ValidationError(f"Ensure this value is less than or equal to {top}.")
+            data = raw.quantize(Decimal(10) ** -self.decimal_places, rounding=ROUND_HALF_UP)
+        return super().to_internal_value(data)
 
 
 class DecimalFieldSchema(OpenApiSerializerFieldExtension):

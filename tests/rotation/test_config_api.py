@@ -183,13 +183,18 @@ def test_deleting_a_group_ends_each_members_trail(api, make_group):
     assert sorted(e.rep_id for e in removed) == sorted(r.pk for r in reps)
 
 
-@pytest.mark.parametrize(("given", "stored"), [(0.05, 0.05), ("0.05", 0.05), ("12.5", 12.5), (None, None)])
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    # A JSON number is a float: more places than two are rounded, half up (the schema's number
+    # form has no step); text is exact (its pattern allows two places).
+    [(0.05, 0.05), ("0.05", 0.05), ("12.5", 12.5), (None, None), (1.234, 1.23), (0.015, 0.02), (999999.99, 999999.99)],
+)
 def test_sla_minutes_take_a_number_or_a_decimal_as_text(api, given, stored):
     r = api.post("/api/v1/groups/", {"slug": "s", "name": "S", "sla_minutes": given}, format="json")
     assert r.status_code == 201 and r.json()["sla_minutes"] == stored, r.content
 
 
-@pytest.mark.parametrize("given", ["soon", "0.001", "1e400", True])
+@pytest.mark.parametrize("given", ["soon", "0.001", "1.234", "1e400", True, 0.004, 0.0, 999999.994, 1e300, -1.5])
 def test_sla_minutes_that_are_no_decimal_are_a_400(api, given):
     r = api.post("/api/v1/groups/", {"slug": "s", "name": "S", "sla_minutes": given}, format="json")
     assert r.status_code == 400 and "sla_minutes" in r.json(), r.content
