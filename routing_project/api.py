@@ -9,7 +9,8 @@ from typing import Any
 from django.conf import settings
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import parsers, serializers
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import NotAcceptable, ParseError
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.utils import json as drf_json
 
 # JSON types the API's schema promises for a field, and DRF's own wording when they are wrong.
@@ -111,6 +112,19 @@ class DecimalFieldSchema(OpenApiSerializerFieldExtension):
             text["not"] = {"pattern": r"^0+(\.0+)?$"}  # zero, however written, is under the minimum
         limits = f"at most {places} decimal places" if places is not None else "a decimal"
         return {"oneOf": [number, text], "description": f"A number or its text, {limits}."}
+
+
+class ContentNegotiation(DefaultContentNegotiation):
+    """`?format=` naming a format no renderer offers is a 406 saying so, as an Accept header
+    naming none is (DRF's default answers it with a bare 404, as if the resource were missing).
+    The schema's `?format=json` still picks its JSON renderer."""
+
+    def filter_renderers(self, renderers: list[Any], format: str) -> list[Any]:  # noqa: A002 - DRF's name
+        kept = [renderer for renderer in renderers if renderer.format == format]
+        if not kept:
+            offered = ", ".join(sorted({renderer.format for renderer in renderers}))
+            raise NotAcceptable(f"Format '{format[:50]}' is not offered here; this resource answers in: {offered}.")
+        return kept
 
 
 class RejectUnknownFieldsMixin:

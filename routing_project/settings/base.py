@@ -283,6 +283,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["leads.api.auth.HasScope"],
     "DEFAULT_PARSER_CLASSES": ["routing_project.api.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "routing_project.api.ContentNegotiation",
     "DEFAULT_PAGINATION_CLASS": "routing_project.pagination.Pagination",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

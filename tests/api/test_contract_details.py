@@ -182,3 +182,18 @@ def test_the_schema_documents_the_headers_of_intakes_answers(api, make_group):
 def test_an_action_on_an_unknown_lead_is_a_404_whatever_its_body(api, method, action, body):
     response = getattr(api, method)(f"/api/v1/leads/999999/{action}", body, format="json")
     assert response.status_code == 404, response.content
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("post", "/api/v1/leads/"), ("get", "/api/v1/groups/"), ("get", "/api/v1/queue/")]
+)
+def test_a_format_parameter_naming_no_offered_format_is_a_406_not_a_404(api, method, path):
+    if method == "post":
+        r = api.post(f"{path}?format=xml", {"email": "a@b.example"}, format="json")
+    else:
+        r = api.get(f"{path}?format=xml")
+    assert r.status_code == 406 and r["Content-Type"] == "application/json"
+    assert "Format 'xml' is not offered" in r.json()["detail"] and "json" in r.json()["detail"]
+    assert not Lead.objects.exists()
+    assert api.get("/api/v1/groups/?format=json").status_code == 200
+    assert Client().get("/api/schema/?format=json")["Content-Type"].startswith("application/vnd.oai.openapi+json")
