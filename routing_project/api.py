@@ -3,6 +3,7 @@
 import json
 import math
 import re
+from collections.abc import Iterable
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -11,6 +12,7 @@ from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import parsers, serializers
 from rest_framework.exceptions import NotAcceptable, ParseError
 from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer
 from rest_framework.utils import json as drf_json
 
 # JSON types the API's schema promises for a field, and DRF's own wording when they are wrong.
@@ -119,7 +121,7 @@ class ContentNegotiation(DefaultContentNegotiation):
     naming none is (DRF's default answers it with a bare 404, as if the resource were missing).
     The schema's `?format=json` still picks its JSON renderer."""
 
-    def filter_renderers(self, renderers: list[Any], format: str) -> list[Any]:  # noqa: A002 - DRF's name
+    def filter_renderers(self, renderers: Iterable[BaseRenderer], format: str) -> list[BaseRenderer]:  # noqa: A002
         kept = [renderer for renderer in renderers if renderer.format == format]
         if not kept:
             offered = ", ".join(sorted({renderer.format for renderer in renderers}))
