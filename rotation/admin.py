@@ -3,7 +3,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.validators import DomainNameValidator
 from django.db.models import Count, Max, QuerySet
 from django.forms import BaseInlineFormSet
@@ -182,7 +182,14 @@ class GroupAdmin(AuditedDeleteMixin, admin.ModelAdmin):
                 position = None if getattr(member_form, "auto_position", False) else obj.position
                 services.membership_add(group=form.instance, rep=obj.rep, actor=actor, position=position, **fields)
             else:
-                services.membership_update(membership=obj, actor=actor, changed=member_form.changed_data)
+                try:
+                    services.membership_update(membership=obj, actor=actor, changed=member_form.changed_data)
+                except Membership.DoesNotExist:
+                    self.message_user(
+                        request,
+                        f"{obj.rep} was removed from the group meanwhile: that row's changes were not saved.",
+                        messages.WARNING,
+                    )
 
 
 class AbsenceInline(admin.TabularInline):

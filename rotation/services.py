@@ -15,7 +15,6 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.db.models import Max, Model, Q
-from django.http import Http404
 
 from audit.models import AuditEvent
 from audit.services import Event, audit_record, audit_record_many
@@ -242,7 +241,7 @@ def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None =
 def membership_update(*, membership: Membership, actor: str, changed: Iterable[str]) -> Membership:
     # The member's row, as escalation takes it; removed meanwhile, the edit has nothing to write.
     if not Membership.objects.select_for_update().filter(pk=membership.pk).exists():
-        raise Http404("No such member: removed from the group meanwhile.")
+        raise Membership.DoesNotExist("No such member: removed from the group meanwhile.")
     change = _change(membership, [c for c in changed if c not in ("group", "rep", "group_id", "rep_id")])
     # Escalation counts SLA misses and auto-pauses the member under its own lock, between this
     # edit's read and its write: those fields are written only when this edit changes them, or

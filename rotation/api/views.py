@@ -7,6 +7,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, extend_schema_view, inline_serializer
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -151,7 +152,12 @@ class MembershipViewSet(
         assert isinstance(membership, Membership)
         for name, value in serializer.validated_data.items():
             setattr(membership, name, value)
-        services.membership_update(membership=membership, actor=actor_of(self.request), changed=_changed(serializer))
+        try:
+            services.membership_update(
+                membership=membership, actor=actor_of(self.request), changed=_changed(serializer)
+            )
+        except Membership.DoesNotExist as exc:
+            raise NotFound(str(exc)) from None
 
     def perform_destroy(self, instance: Membership) -> None:
         services.membership_remove(membership=instance, actor=actor_of(self.request))
