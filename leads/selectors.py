@@ -38,7 +38,8 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
     members = []
     next_rep = None
     for f in facts:
-        ok, reason = eligibility(f, now)
+        # An inactive group routes nothing (its leads are queued): that keeps every member out first.
+        ok, reason = eligibility(f, now) if group.active else (False, "group inactive")
         rep = {"id": f.rep_id, "name": f.rep_name, "email": f.rep_email}
         if f.rep_id == decision.rep_id:
             next_rep = rep

@@ -292,3 +292,20 @@ def test_appending_past_the_highest_position_is_a_400_naming_it(api, make_group)
     assert not group.memberships.filter(rep=b).exists()
     r = api.post("/api/v1/groups/pool/members/", {"rep": b.id, "position": 3}, format="json")
     assert r.status_code == 201, r.content
+
+
+def test_in_an_inactive_group_no_member_is_eligible_and_the_view_says_why(api, make_group):
+    """An inactive group routes nothing (its leads are queued): the rotation view says so for
+    every member, as its `next` does, instead of calling them eligible."""
+    group, (a, b) = make_group(2, slug="closed")
+    Membership.objects.filter(group=group, rep=b).update(active=False)
+    assert api.patch("/api/v1/groups/closed/", {"active": False}, format="json").status_code == 200
+    view = api.get("/api/v1/groups/closed/rotation/").json()
+    assert view["active"] is False and view["next"] is None
+    assert [(m["rep"]["id"], m["eligible"], m["reason"]) for m in view["members"]] == [
+        (a.id, False, "group inactive"),
+        (b.id, False, "group inactive"),
+    ]
+    assert api.patch("/api/v1/groups/closed/", {"active": True}, format="json").status_code == 200
+    members = api.get("/api/v1/groups/closed/rotation/").json()["members"]
+    assert [(m["eligible"], m["reason"]) for m in members] == [(True, None), (False, "paused in this group")]
