@@ -21,7 +21,9 @@ def validate_timezone(value: str) -> None:
         raise ValidationError(f"'{value}' is not a known IANA time zone.")
 
 
-_TIMEZONES = frozenset(available_timezones())
+# `localtime` sits beside the zones on many systems (a link to the machine's own clock): no
+# IANA name, and a group or rep on it would follow whichever server reads it.
+_TIMEZONES = frozenset(available_timezones()) - {"localtime"}
 
 
 class Strategy(models.TextChoices):

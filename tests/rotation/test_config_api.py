@@ -309,3 +309,17 @@ def test_in_an_inactive_group_no_member_is_eligible_and_the_view_says_why(api, m
     assert api.patch("/api/v1/groups/closed/", {"active": True}, format="json").status_code == 200
     members = api.get("/api/v1/groups/closed/rotation/").json()["members"]
     assert [(m["eligible"], m["reason"]) for m in members] == [(True, None), (False, "paused in this group")]
+
+
+@pytest.mark.parametrize("tz", ["localtime", "posixrules"])
+def test_a_time_zone_is_an_iana_name_not_the_servers_clock(api, make_group, tz):
+    """`localtime` is a file beside the zones on many servers (a link to the machine's own
+    clock), not an IANA name: a group or rep on it would follow whichever server reads it."""
+    _, (rep,) = make_group(1, slug="emea")
+    r = api.post("/api/v1/groups/", {"slug": "x", "name": "X", "timezone": tz}, format="json")
+    assert r.status_code == 400 and "timezone" in r.json(), r.content
+    r = api.patch("/api/v1/groups/emea/", {"timezone": tz}, format="json")
+    assert r.status_code == 400 and "timezone" in r.json(), r.content
+    r = api.patch(f"/api/v1/reps/{rep.pk}/", {"timezone": tz}, format="json")
+    assert r.status_code == 400 and "timezone" in r.json(), r.content
+    assert Group.objects.get(slug="emea").timezone == "UTC" and not Group.objects.filter(slug="x").exists()
