@@ -87,6 +87,7 @@ class RepViewSet(
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     serializer_class = RepSerializer
     required_scope = "manage"
+    lookup_value_regex = r"[0-9]+"  # int() would read "1_0" as rep 10, "+1" or a full-width "１" as rep 1
     queryset = Rep.objects.order_by("id")
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:

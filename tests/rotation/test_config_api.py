@@ -4,7 +4,7 @@ import pytest
 
 from audit.models import AuditEvent
 from rotation import services
-from rotation.models import Group, Membership, RotationState
+from rotation.models import Group, Membership, Rep, RotationState
 from tests.conftest import lead_body
 from tests.factories import RepFactory
 
@@ -323,3 +323,15 @@ def test_a_time_zone_is_an_iana_name_not_the_servers_clock(api, make_group, tz):
     r = api.patch(f"/api/v1/reps/{rep.pk}/", {"timezone": tz}, format="json")
     assert r.status_code == 400 and "timezone" in r.json(), r.content
     assert Group.objects.get(slug="emea").timezone == "UTC" and not Group.objects.filter(slug="x").exists()
+
+
+@pytest.mark.parametrize("spelled", ["7_0", "+7", "%207", "7%20", "%EF%BC%97"])
+def test_a_rep_is_named_by_its_id_in_ascii_digits_only(api, spelled):
+    """`int()` reads "7_0" as 70 and "+7", " 7" or a full-width "７" as 7: a rep URL spelled
+    so must not read, or edit, a rep it does not name."""
+    RepFactory(id=7)
+    RepFactory(id=70)
+    for r in (api.get(f"/api/v1/reps/{spelled}/"), api.patch(f"/api/v1/reps/{spelled}/", {"name": "X"}, format="json")):
+        assert r.status_code == 404 and r.json() == {"detail": "Not found."}, r.content
+    assert not Rep.objects.filter(name="X").exists()
+    assert api.patch("/api/v1/reps/70/", {"name": "X"}, format="json").status_code == 200
