@@ -79,9 +79,9 @@ class EscalationResult:
 
 
 class _LeadMoved(Exception):
-    """The lead changed groups between the read of its group and its lock: the transaction
-    starts over, its locks released, rather than lock the new group's rotation row while
-    holding the lead's (against the lock order)."""
+    """The lead changed (its group, its address) between the read that chose the locks and its
+    row lock: the transaction starts over, its locks released, rather than take the right lock
+    now with the lead's row held (against the lock order)."""
 
 
 def _in_transaction(fn: Callable[[], T]) -> T:
@@ -720,13 +720,18 @@ def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead
         from .services import normalize_email
 
         email_normalized = normalize_email(changes["email"]) if "email" in changes else None
+        old_email = None
         if email_normalized is not None:
-            # The new address's lock, as intake takes it and in intake's order (before any row
-            # lock): an intake of that address and this edit cannot both pass dedup.
-            routing.lock_email(email_normalized)
+            # Both addresses' intake locks, before any row lock as intake takes them: an intake
+            # of the new address and this edit cannot both pass dedup, and an intake of the old
+            # one cannot answer `duplicate_of` this lead just as it stops having that address.
+            old_email = Lead.objects.filter(pk=lead_id).values_list("email_normalized", flat=True).first()
+            routing.lock_emails([email_normalized] if old_email is None else [email_normalized, old_email])
         lead = _lock_lead(lead_id)
         if lead is None:
             raise Lead.DoesNotExist(f"no lead {lead_id}")
+        if email_normalized is not None and lead.email_normalized != old_email:
+            raise _LeadMoved()  # its address changed since it was read: start over with the right locks
         changed = [name for name, value in changes.items() if getattr(lead, name) != value]
         if not changed:
             return lead

@@ -60,6 +60,18 @@ def lock_email(email_normalized: str) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [email_normalized])
 
 
+def lock_emails(emails: list[str]) -> None:
+    """Several addresses' intake locks, in the order of their lock keys: the order every holder
+    of several takes them in (a batch of intakes, a CSV import, an email edit)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_advisory_xact_lock(k)) FROM "
+                "(SELECT DISTINCT hashtextextended(e, 0) AS k FROM unnest(%s::text[]) AS e ORDER BY k) AS keys",
+                [emails],
+            )
+
+
 def lock_rotation(group_id: int) -> RotationState:
     """Takes the group's rotation row lock and returns it with the group read *after* the lock.
 

@@ -232,3 +232,62 @@ def test_reassign_to_a_rep_deactivated_meanwhile_is_refused(api, make_group):
     lead = Lead.objects.get(pk=lead_id)
     assert lead.owner_id == owner
     assert not AuditEvent.objects.filter(lead_id=lead_id, type=AuditEvent.Type.LEAD_REASSIGNED).exists()
+
+
+def test_an_intake_of_an_address_a_lead_is_leaving_waits_for_the_edit(api, make_group):
+    """An email edit holds both addresses' intake locks: a post of the old address, arriving
+    while the edit is in flight, waits for it and is then a new lead, not a `duplicate_of` a
+    lead that no longer has that address (the post would be lost)."""
+    from django.db import connection, transaction
+    from django.test import Client
+
+    from tests.factories import api_client_with
+    from tests.leads.test_concurrency import waiting_on_locks
+
+    make_group(2, slug="g")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="g", email="old@acme.example"), format="json").json()["id"]
+    _client, token = api_client_with(["intake"])
+    edited, commit = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    outcome: dict = {}
+
+    def edit() -> None:
+        try:
+            with transaction.atomic():  # the edit's locks held until this commits
+                actions.lead_update(lead_id=lead_id, changes={"email": "new@acme.example"}, actor="test")
+                edited.set()
+                commit.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def intake() -> None:
+        try:
+            r = Client(HTTP_AUTHORIZATION=f"Bearer {token}").post(
+                "/api/v1/leads/", {"email": "OLD@acme.example", "group": "g"}, content_type="application/json"
+            )
+            outcome["status"], outcome["body"] = r.status_code, r.json()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    editor = threading.Thread(target=edit)
+    editor.start()
+    assert edited.wait(10)
+    poster = threading.Thread(target=intake)
+    poster.start()
+    try:
+        deadline = time.monotonic() + 10
+        while waiting_on_locks() < 1 and time.monotonic() < deadline and poster.is_alive():
+            time.sleep(0.02)
+    finally:
+        commit.set()
+        editor.join(30)
+        poster.join(30)
+        connection.close()
+    assert not errors, errors
+    assert outcome["status"] == 201, outcome
+    assert outcome["body"]["duplicate_of"] is None and outcome["body"]["id"] != lead_id
+    assert Lead.objects.get(pk=lead_id).email_normalized == "new@acme.example"
