@@ -7,8 +7,8 @@ decide (the open assignment, eligibility, caps) is read *after* both locks, so a
 never made from a stale snapshot: an accept that commits just before its timer fires wins,
 and a timer delivered twice (or the timer and the sweep together) escalates once.
 Accept, close and edit change no rotation state and take only the lead row's lock (an edit of
-the email takes that address's dedup lock first, as intake does; a reassign locks the rep's
-row first).
+the email takes the old and the new address's intake locks first, as intake takes them; a
+reassign locks the rep's row first).
 
 Side effects (SLA timers, queue drains) are published after commit (`leads/scheduling.py`).
 """
