@@ -641,7 +641,8 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
                 new = _assign(lead, rep_id=decision.rep_id, group=group, reason=reason, now=now)
                 routing.advance(state, decision)
                 new_rep = decision.rep_id
-                explanation.update({"attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
+                # As intake's: the account owner's (the rotation did not move) or the rotation's.
+                explanation.update({"reason": reason, "attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
         explanation.update({"to_rep": new_rep, "queue_reason": lead.queue_reason or None})
         lead.save(update_fields=LEAD_ROUTING_FIELDS)
         audit_record_many(

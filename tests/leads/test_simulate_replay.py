@@ -202,6 +202,23 @@ def test_replay_of_the_live_configuration_reproduces_routing(api, make_group, st
     assert len(set(owners)) >= 3
 
 
+def test_replay_of_a_reroute_to_the_account_owner_keeps_the_rotation_where_it_was(api, make_group):
+    """A reroute that gives the lead to its account's owner skips the rotation, and its audit
+    event says so: a replay of the live configuration then reproduces every turn."""
+    group, (a, b, c) = make_group(3, slug="pool")
+    lead = post(api, "pool", email="buyer@acme.example")  # a: no account yet
+    Account.objects.create(domain="acme.example", owner=c)
+    assert api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json").json()["owner"]["id"] == c.id
+    (event,) = [e for e in api.get(f"/api/v1/leads/{lead['id']}/events/").json() if e["type"] == "lead.rerouted"]
+    assert event["explanation"]["reason"] == "owner_match"
+    assert event["explanation"]["pointer_before"] == event["explanation"]["pointer_after"]
+    assert [post(api, "pool")["owner"]["id"] for _ in range(3)] == [b.id, c.id, a.id]
+    result = replay(api, group="pool")
+    per_rep, _ = counts(result, "pool")
+    assert result["turns"] == 5 and result["changed"] == 0, result
+    assert per_rep == {a.id: (2, 2), b.id: (1, 1), c.id: (2, 2)}
+
+
 def test_replay_with_a_changed_weight(api, make_group):
     group, (a, b) = make_group(2, slug="pool", strategy="weighted")
     for _ in range(20):
