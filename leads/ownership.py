@@ -94,6 +94,7 @@ def owner_decide(
                     "position": mine.position,
                     "eligible": True,
                     "reason": f"account owner ({owner.domain})",
+                    **_counts_read(mine, strategy),
                 }
             ],
             reason=OWNER_MATCH,
@@ -126,6 +127,17 @@ def owner_decide(
     )
     decision.notes["owner_match"] = note
     return decision
+
+
+def _counts_read(facts: MemberFacts, strategy: str) -> dict[str, int]:
+    """As `routing.decide` records them: the counts routing read (only those it needed), which
+    replay starts from."""
+    counts = {}
+    if strategy == "least_loaded" or facts.max_open is not None:
+        counts["open"] = facts.open
+    if facts.max_per_day is not None:
+        counts["today"] = facts.assigned_today
+    return counts
 
 
 def group_decide(

@@ -20,7 +20,10 @@ What a replay takes from where:
   without a record, today's count is rebuilt from assignments and the open count from leads
   still open that were assigned before the window (an approximation: closes inside the window
   are not replayed);
-- account-owner matches stay with the owner (no turn), unless a proposed rule moves the lead.
+- the account's owner takes its leads (no turn) while it may, as at intake: a member of the
+  group, eligible then under the proposed configuration; otherwise the group's fallback (the
+  rotation, or the queue) decides. The owner is the one routing considered then, or, for a
+  lead a proposed rule sends to another group, the account's owner now.
 
 So a replay of the live configuration over a window in which the configuration did not change
 reproduces what routing did, turn by turn.
@@ -42,7 +45,7 @@ from rotation.eligibility import MemberFacts, eligibility, within_working_hours
 from rotation.models import Absence, Group, Membership, Rep, RotationState, Strategy
 from rotation.rules import RuleError, RuleSpec, lead_facts, match_rules, validate_conditions
 
-from . import routing
+from . import ownership, routing
 from .models import OPEN_STATUSES, Assignment, Lead
 
 UNAVAILABLE = (
@@ -91,6 +94,7 @@ class GroupConfig:
     active: bool
     members: dict[int, MemberConfig]
     active_override: dict[int, bool] = field(default_factory=dict)
+    owner_fallback: bool = True  # Group.owner_match_fallback_to_rotation
 
 
 # --- configuration -----------------------------------------------------------------------------
@@ -98,7 +102,10 @@ class GroupConfig:
 
 def _current_groups() -> dict[str, GroupConfig]:
     groups = {
-        g.slug: GroupConfig(g.id, g.slug, g.strategy, g.timezone, g.active, {}) for g in Group.objects.order_by("slug")
+        g.slug: GroupConfig(
+            g.id, g.slug, g.strategy, g.timezone, g.active, {}, owner_fallback=g.owner_match_fallback_to_rotation
+        )
+        for g in Group.objects.order_by("slug")
     }
     by_id = {g.id: g for g in groups.values()}
     for m in Membership.objects.select_related("rep").order_by("position"):
@@ -369,17 +376,20 @@ def routing_replay(
         picked: int | None = None
         if target is not None and target in groups and groups[target].active:
             same_group = target == actual_group
-            if same_group and ex.get("reason") == "owner_match":
-                picked = actual_rep
-            else:
-                run = run_for(target, ex if same_group else None)
-                picked = _replay_turn(
-                    run=run,
-                    recorded={c["rep"]: c for c in ex.get("candidates", [])} if same_group else {},
-                    at=at,
-                    absences=absences,
-                    counts=counts_for(run.config),
-                )
+            if same_group:
+                owner = _recorded_owner(ex)
+            else:  # a proposed rule sent the lead here: its account's owner now, if any
+                moved = leads.get(turn["lead_id"] or 0)
+                owner = _account_owner(moved["email"]) if moved else None
+            run = run_for(target, ex if same_group else None)
+            picked = _replay_turn(
+                run=run,
+                recorded={c["rep"]: c for c in ex.get("candidates", [])} if same_group else {},
+                at=at,
+                absences=absences,
+                counts=counts_for(run.config),
+                owner=owner,
+            )
         proposed[target or queued_none][picked] += 1
         if (target, picked) != (actual_group, actual_rep):
             changed += 1
@@ -409,6 +419,19 @@ def routing_replay(
     )
 
 
+def _recorded_owner(ex: Mapping[str, Any]) -> int | None:
+    """The account owner routing considered for this decision (it took the lead, or was skipped)."""
+    if ex.get("reason") == ownership.OWNER_MATCH:
+        return ex.get("chosen")
+    skipped = ex.get("owner_match")
+    return skipped.get("owner") if isinstance(skipped, dict) else None
+
+
+def _account_owner(email: str) -> int | None:
+    hint = ownership.account_owner_lookup(email=email)
+    return hint.rep_id if hint is not None else None
+
+
 def _replay_turn(
     *,
     run: _GroupRun,
@@ -416,7 +439,11 @@ def _replay_turn(
     at: datetime,
     absences: Mapping[int, list[tuple[datetime, datetime]]],
     counts: Counts,
+    owner: int | None = None,
 ) -> int | None:
+    """The member the decision goes to: as at intake (leads/ownership.py), the account `owner`
+    when it is a member eligible then (the rotation does not move), else the rotation, or
+    nobody when the group keeps such leads for the owner."""
     g = run.config
     day = routing.day_start(at, g.timezone)
     candidates: list[strategies.Candidate] = []
@@ -459,6 +486,11 @@ def _replay_turn(
             )
             ok, why = eligibility(facts, at)
         candidates.append(strategies.Candidate(m.rep_id, m.position, m.weight, ok, why, open_))
+    if owner is not None:
+        if any(c.rep_id == owner and c.eligible for c in candidates):
+            return owner
+        if not g.owner_fallback:
+            return None
     pick = strategies.pick(g.strategy, candidates, run.pointer, run.weights)
     if pick.rep_id is not None:
         run.pointer = pick.pointer

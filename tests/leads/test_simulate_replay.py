@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from leads.models import ApiClient
+from rotation import services
 from rotation.models import Account, Membership, RotationState
 from tests.conftest import lead_body
 
@@ -234,6 +235,49 @@ def test_replay_with_a_changed_weight(api, make_group):
     assert per_rep == {a.id: (10, 0), b.id: (10, 20)}
     per_rep, g = counts(replay(api, group="pool", config={"members": {str(a.id): {"max_per_day": 3}}}), "pool")
     assert per_rep == {a.id: (10, 3), b.id: (10, 17)}
+
+
+def test_replay_gives_an_account_lead_to_its_owner_only_where_the_proposal_lets_it_take_it(api, make_group):
+    """The account's owner takes its leads (no rotation turn) while it may: a proposal that
+    pauses or caps it sends them through the rotation, as routing would; a proposed rule that
+    moves them to another group where the owner is a member gives them to the owner there."""
+    group, (a, b, c) = make_group(3, slug="pool")
+    other, (d,) = make_group(1, slug="other")
+    services.membership_add(group=other, rep=c, actor="test")
+    Account.objects.create(domain="acme.example", owner=c)
+    emails = [{"email": f"buyer{i}@acme.example"} if i % 2 else {} for i in range(6)]
+    owners = [post(api, "pool", **email)["owner"]["id"] for email in emails]
+    assert owners == [a.id, c.id, b.id, c.id, c.id, c.id]  # the rotation's turns: a, b, c
+    per_rep, _ = counts(replay(api, group="pool"), "pool")
+    assert per_rep == {a.id: (1, 1), b.id: (1, 1), c.id: (4, 4)}
+    for proposal in ({"active": False}, {"max_open": 0}):
+        result = replay(api, group="pool", config={"members": {str(c.id): proposal}})
+        per_rep, _ = counts(result, "pool")
+        assert per_rep == {a.id: (1, 3), b.id: (1, 3), c.id: (4, 0)}, (proposal, per_rep)
+    rules = [
+        {
+            "name": "acme",
+            "priority": 1,
+            "conditions": [{"field": "email_domain", "op": "equals", "value": "acme.example"}],
+            "group": "other",
+        }
+    ]
+    other_counts, _ = counts(replay(api, config={"rules": rules}), "other")
+    assert other_counts == {d.id: (0, 0), c.id: (0, 3)}
+
+
+def test_replay_reads_the_open_leads_the_account_owner_had_when_it_took_one(api, make_group):
+    """Under a cap, whether the owner could take a lead is judged from the count routing read
+    then (a lead closed inside the window freed the capacity it used)."""
+    group, (a, b) = make_group(2, slug="pool")
+    Membership.objects.filter(rep=b).update(max_open=2)
+    Account.objects.create(domain="acme.example", owner=b)
+    first = post(api, "pool", email="one@acme.example")
+    assert api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "won"}, format="json").status_code == 200
+    assert [post(api, "pool", email=f"buyer{i}@acme.example")["owner"]["id"] for i in range(2)] == [b.id, b.id]
+    result = replay(api, group="pool")
+    per_rep, _ = counts(result, "pool")
+    assert result["changed"] == 0 and per_rep == {a.id: (0, 0), b.id: (3, 3)}, result
 
 
 def test_replay_with_proposed_rules_moves_leads_between_groups(api, make_group):
