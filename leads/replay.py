@@ -308,10 +308,18 @@ def routing_replay(
     changed = 0
     queued_none = "(no group)"
 
-    def run_for(slug: str, first: Mapping[str, Any] | None) -> _GroupRun:
+    # Each group's first recorded decision in the window: the rotation stood there when the
+    # window began (whichever turn, kept or moved by a proposed rule, reaches the group first).
+    firsts: dict[str, Mapping[str, Any]] = {}
+    for turn in turns:
+        if turn["group"] and turn["group"] not in firsts and "pointer_before" in turn["explanation"]:
+            firsts[turn["group"]] = turn["explanation"]
+
+    def run_for(slug: str) -> _GroupRun:
         if slug not in runs:
             g = groups[slug]
-            if first is not None and "pointer_before" in first:
+            first = firsts.get(slug)
+            if first is not None:
                 pointer, weights = first["pointer_before"], dict(first.get("current_weights_before") or {})
             else:
                 state = RotationState.objects.filter(group_id=g.id).first()
@@ -381,7 +389,7 @@ def routing_replay(
             else:  # a proposed rule sent the lead here: its account's owner now, if any
                 moved = leads.get(turn["lead_id"] or 0)
                 owner = _account_owner(moved["email"]) if moved else None
-            run = run_for(target, ex if same_group else None)
+            run = run_for(target)
             picked = _replay_turn(
                 run=run,
                 recorded={c["rep"]: c for c in ex.get("candidates", [])} if same_group else {},

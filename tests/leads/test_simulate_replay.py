@@ -328,6 +328,29 @@ def test_a_proposed_rule_into_a_group_idle_in_the_window_starts_from_its_rotatio
     assert RotationState.objects.get(group=fr).pointer == Membership.objects.get(group=fr, rep=f2).position
 
 
+def test_a_group_busy_in_the_window_starts_from_its_rotation_before_the_window(api, make_group):
+    """A lead a proposed rule moves into a group that routed leads of its own later in the
+    window takes that group's rotation from where it stood when the window began, not from
+    where it stands now."""
+    make_group(1, slug="emea", is_default=True)
+    fr, (f1, f2, f3) = make_group(3, slug="france")
+    since = timezone.now()
+    post(api, country="FR")  # no rule yet: to emea
+    assert post(api, "france")["owner"]["id"] == f1.id  # france's first turn in the window
+    rules = [
+        {
+            "name": "FR",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+            "group": "france",
+        }
+    ]
+    result = replay(api, since=since.isoformat(), config={"rules": rules})
+    fr_counts, _ = counts(result, "france")
+    # Under the rule: the French lead is france's first turn (f1), the next one f2's.
+    assert fr_counts == {f1.id: (1, 1), f2.id: (0, 1), f3.id: (0, 0)}
+
+
 @pytest.mark.parametrize(
     ("body", "field", "message"),
     [
