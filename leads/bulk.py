@@ -714,6 +714,10 @@ def _route_batch_locked(
     for target, dup_slug, dup_owner, row, window in duplicates:
         target_id: int = target.values["id"] if isinstance(target, _NewLead) else target
         explanation: dict[str, Any] = {
+            # As intake's: the row's resolution, whose group's window found the open lead.
+            "rule": row.rule,
+            "rules_tried": row.rules_tried,
+            "dedup_group": row.group_slug,
             "duplicate_of": target_id,
             "dedup_days": window,
             "source": row.data.get("source") or "",

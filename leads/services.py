@@ -511,6 +511,10 @@ def _duplicate(job: IntakeJob, existing: Lead, window: int) -> IntakeResult:
                 existing.group.slug if existing.group else "",
                 existing.owner_id,
                 {
+                    # The new submission's resolution: its group's window found the open lead.
+                    "rule": job.resolution.rule,
+                    "rules_tried": job.resolution.rules_tried,
+                    "dedup_group": job.resolution.group.slug if job.resolution.group else None,
                     "duplicate_of": existing.id,
                     "dedup_days": window,
                     "source": job.data.get("source") or "",

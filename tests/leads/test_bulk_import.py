@@ -165,6 +165,7 @@ def test_dedup_as_intake_in_the_database_and_in_the_file(make_group, post_lead):
         (first.id, first.id),
     ]
     assert dups[0].explanation["external_id"] == "d-1" and dups[1].explanation["line"] == 4
+    assert all(e.explanation["dedup_group"] == "emea" and e.explanation["rule"] is None for e in dups)
     assert not Lead.objects.filter(external_id__in=["d-1", "d-3"]).exists()
 
 

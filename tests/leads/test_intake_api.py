@@ -2,8 +2,10 @@
 
 import json
 import os
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from leads.models import Assignment, IdempotencyRecord, Lead
@@ -435,6 +437,35 @@ def test_dedup_window_is_the_groups(api, make_group):
     )
     r = api.post("/api/v1/leads/", {"email": "old@acme.example", "group": "emea"}, format="json")
     assert r.status_code == 201 and r.json()["id"] != first["id"]
+
+
+def test_a_duplicate_says_whose_dedup_window_found_it(api, make_group):
+    """The window is the one of the group the new submission resolves to, which need not be
+    the open lead's: the audit names that group and the rule that chose it."""
+    make_group(1, slug="emea")
+    make_group(1, slug="france", dedup_days=7)
+    api.post(
+        "/api/v1/rules/",
+        {
+            "name": "FR",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "equals", "value": "FR"}],
+            "group": "france",
+        },
+        format="json",
+    )
+    first = api.post("/api/v1/leads/", {"email": "d@acme.example", "group": "emea"}, format="json").json()
+    r = api.post("/api/v1/leads/", {"email": "d@acme.example", "country": "FR"}, format="json")
+    assert r.status_code == 200 and r.json()["duplicate_of"] == first["id"]
+    (event,) = [e for e in api.get(f"/api/v1/leads/{first['id']}/events/").json() if e["type"] == "lead.duplicate"]
+    assert event["group"] == "emea"  # the open lead's
+    explanation = event["explanation"]
+    assert explanation["dedup_days"] == 7 and explanation["dedup_group"] == "france"
+    assert explanation["rule"] == "FR" and explanation["rules_tried"] == ["FR"]
+    # No routing decision was taken: a replay of the window has the first lead's turn only.
+    now = timezone.now()
+    window = {"since": (now - timedelta(hours=1)).isoformat(), "until": (now + timedelta(minutes=1)).isoformat()}
+    assert api.post("/api/v1/routing/replay/", window, format="json").json()["turns"] == 1
 
 
 def test_closed_lead_is_not_a_duplicate(api, make_group):
