@@ -10,11 +10,12 @@ What a replay takes from where:
   first decision in the window (the rotation row now, for a group with none);
 - availability at the time (rep inactive, paused, out of office, outside working hours, already
   had the lead): from the record of each decision, since that is what was true then; a member
-  with no record for that decision (a lead a proposed rule sends elsewhere) is judged from the
+  with no record for that decision (a lead the rules now send elsewhere) is judged from the
   current configuration at the decision's time (absences, working hours);
 - configuration (strategy, members and their weights, caps, rules): the current one, with the
-  proposed overrides; a proposed `active` overrides the recorded pause; members that joined
-  after a decision are not candidates for it;
+  proposed overrides; each lead's group is resolved again by the active rules (or the proposed
+  ones), then its own group, then the default group; a proposed `active` overrides the
+  recorded pause; members that joined after a decision are not candidates for it;
 - counts for caps and least-loaded: the open/today counts routing read then (recorded when it
   needed them), shifted by how many more or fewer leads the replay has given each rep so far;
   without a record, today's count is rebuilt from assignments and the open count from leads
@@ -23,7 +24,7 @@ What a replay takes from where:
 - the account's owner takes its leads (no turn) while it may, as at intake: a member of the
   group, eligible then under the proposed configuration; otherwise the group's fallback (the
   rotation, or the queue) decides. The owner is the one routing considered then, or, for a
-  lead a proposed rule sends to another group, the account's owner now.
+  lead the rules now send to another group, the account's owner now.
 
 So a replay of the live configuration over a window in which the configuration did not change
 reproduces what routing did, turn by turn.
@@ -47,6 +48,7 @@ from rotation.rules import RuleError, RuleSpec, lead_facts, match_rules, validat
 
 from . import ownership, routing
 from .models import OPEN_STATUSES, Assignment, Lead
+from .services import active_rules
 
 UNAVAILABLE = (
     "rep inactive",
@@ -261,12 +263,13 @@ def routing_replay(
     bounds the work one request may ask for; the command does not)."""
     if until <= since:
         raise ReplayError({"until": ["Must be after since."]})
-    groups, rules = replay_config(config=config, group=group)
+    groups, proposed_rules = replay_config(config=config, group=group)
+    # Without proposed rules, the active ones: they are part of the current configuration. So
+    # every group's decisions are read, also for one group: a rule may send leads into it.
+    rules = active_rules() if proposed_rules is None else proposed_rules
     events = AuditEvent.objects.filter(at__gte=since, at__lt=until).filter(
         Q(explanation__has_key="candidates") | Q(explanation__has_key="group_source")
     )
-    if group is not None and rules is None:
-        events = events.filter(group=group)
     if max_turns is not None and events.count() > max_turns:
         raise ReplayError(
             {"since": [f"The window holds more than {max_turns} routing decisions; narrow it or use replay_routing."]}
@@ -275,21 +278,20 @@ def routing_replay(
 
     leads: dict[int, dict[str, Any]] = {}
     default_group = next((g.slug for g in Group.objects.filter(is_default=True)), None)
-    if rules is not None:
-        ids = {t["lead_id"] for t in turns if "group_source" in t["explanation"]}
-        for row in Lead.objects.filter(id__in=ids).values(
-            "id",
-            "email",
-            "country",
-            "region",
-            "source",
-            "product",
-            "score",
-            "company_size",
-            "attributes",
-            "requested_group",
-        ):
-            leads[row["id"]] = dict(row)
+    ids = {t["lead_id"] for t in turns if "group_source" in t["explanation"]}
+    for row in Lead.objects.filter(id__in=ids).values(
+        "id",
+        "email",
+        "country",
+        "region",
+        "source",
+        "product",
+        "score",
+        "company_size",
+        "attributes",
+        "requested_group",
+    ):
+        leads[row["id"]] = dict(row)
 
     absences: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
     for rep_id, starts, ends in Absence.objects.filter(starts_at__lt=until, ends_at__gt=since).values_list(
@@ -305,11 +307,11 @@ def routing_replay(
     replayed_today: Counter[tuple[str, int, datetime]] = Counter()
     actual_in_window: Counter[tuple[str, int]] = Counter()
     baseline_cache: dict[tuple[str, Any, int, datetime | None], int] = {}
-    changed = 0
+    changed = in_scope = 0
     queued_none = "(no group)"
 
     # Each group's first recorded decision in the window: the rotation stood there when the
-    # window began (whichever turn, kept or moved by a proposed rule, reaches the group first).
+    # window began (whichever turn, kept or moved by the rules, reaches the group first).
     firsts: dict[str, Mapping[str, Any]] = {}
     for turn in turns:
         if turn["group"] and turn["group"] not in firsts and "pointer_before" in turn["explanation"]:
@@ -372,7 +374,7 @@ def routing_replay(
         actual[actual_group or queued_none][actual_rep] += 1
 
         target = actual_group
-        if rules is not None and "group_source" in ex and turn["lead_id"] in leads:
+        if "group_source" in ex and turn["lead_id"] in leads:
             lead = leads[turn["lead_id"]]
             match = match_rules(rules, lead_facts(lead))
             if match.rule is not None:
@@ -386,7 +388,7 @@ def routing_replay(
             same_group = target == actual_group
             if same_group:
                 owner = _recorded_owner(ex)
-            else:  # a proposed rule sent the lead here: its account's owner now, if any
+            else:  # the rules now send the lead here: its account's owner now, if any
                 moved = leads.get(turn["lead_id"] or 0)
                 owner = _account_owner(moved["email"]) if moved else None
             run = run_for(target)
@@ -399,8 +401,11 @@ def routing_replay(
                 owner=owner,
             )
         proposed[target or queued_none][picked] += 1
-        if (target, picked) != (actual_group, actual_rep):
-            changed += 1
+        # For one group: the decisions routing took there, or the replay takes there.
+        if group is None or group in (actual_group, target):
+            in_scope += 1
+            if (target, picked) != (actual_group, actual_rep):
+                changed += 1
         # What the replay gave beyond (or short of) what routing gave: shifts the recorded counts.
         if picked is not None and target is not None and target in groups:
             day = routing.day_start(at, groups[target].timezone)
@@ -421,7 +426,7 @@ def routing_replay(
         groups=groups,
         actual=actual,
         proposed=proposed,
-        turns=len(turns),
+        turns=in_scope,
         changed=changed,
         queued_none=queued_none,
     )

@@ -302,6 +302,36 @@ def test_replay_with_proposed_rules_moves_leads_between_groups(api, make_group):
     assert fr_counts == {f1.id: (0, 2), f2.id: (0, 1)}
 
 
+def test_replay_of_the_current_configuration_runs_the_current_rules(api, make_group):
+    """A rule added after the window is part of the current configuration: a replay without a
+    proposal sends the window's leads where that rule sends them, also when it names a group."""
+    emea, (e1,) = make_group(1, slug="emea", is_default=True)
+    fr, (f1, f2) = make_group(2, slug="france")
+    for i in range(4):
+        post(api, country="FR" if i % 2 else "DE")  # no rule yet: all to emea
+    rule = {
+        "name": "FR",
+        "priority": 1,
+        "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+        "group": "france",
+    }
+    assert api.post("/api/v1/rules/", rule, format="json").status_code == 201
+    before = snapshot()
+    result = replay(api)
+    assert snapshot() == before
+    assert counts(result, "emea")[0] == {e1.id: (4, 2)}
+    assert counts(result, "france")[0] == {f1.id: (0, 1), f2.id: (0, 1)}
+    assert result["changed"] == 2
+    # One group's replay counts the decisions taken there, or that the rules now take there.
+    result = replay(api, group="france")
+    assert counts(result, "france")[0] == {f1.id: (0, 1), f2.id: (0, 1)}
+    assert (result["turns"], result["changed"]) == (2, 2)
+    result = replay(api, group="emea")
+    assert (result["turns"], result["changed"]) == (4, 2)
+    post(api, "france")
+    assert replay(api, group="emea")["turns"] == 4
+
+
 def test_a_proposed_rule_into_a_group_idle_in_the_window_starts_from_its_rotation_now(api, make_group):
     """France routed a lead before the window (its next turn is its second rep's) and none in
     it; a proposed rule sending the window's French lead there continues France's rotation from
