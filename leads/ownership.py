@@ -78,6 +78,8 @@ def owner_decide(
         ok, why = False, "already had this lead"
     else:
         ok, why = eligibility(mine, now)
+    # The rotation stays where it was, weights included; the audit says where that was.
+    unchanged = dict(current_weights) if strategy == "weighted" else {}
     if ok and mine is not None:
         return routing.Decision(
             rep_id=mine.rep_id,
@@ -85,8 +87,8 @@ def owner_decide(
             rep_email=mine.rep_email,
             pointer_before=pointer,
             pointer_after=pointer,
-            weights_before={},
-            weights_after={},
+            weights_before=unchanged,
+            weights_after=unchanged,
             candidates=[
                 {
                     "rep": mine.rep_id,
@@ -108,8 +110,8 @@ def owner_decide(
             rep_email="",
             pointer_before=pointer,
             pointer_after=pointer,
-            weights_before={},
-            weights_after={},
+            weights_before=unchanged,
+            weights_after=unchanged,
             candidates=[
                 {
                     "rep": owner.rep_id,

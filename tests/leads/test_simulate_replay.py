@@ -266,6 +266,30 @@ def test_replay_gives_an_account_lead_to_its_owner_only_where_the_proposal_lets_
     assert other_counts == {d.id: (0, 0), c.id: (0, 3)}
 
 
+@pytest.mark.parametrize("fallback", [True, False])
+def test_a_weighted_window_opening_on_an_account_lead_starts_from_the_weights_then(api, make_group, fallback):
+    """An account lead leaves the weighted rotation where it was, and its audit event says
+    where that was: a replay whose window opens on it starts from those weights."""
+    group, (a, b, c) = make_group(3, slug="pool", strategy="weighted", owner_match_fallback_to_rotation=fallback)
+    Membership.objects.filter(rep=a).update(weight=3)
+    Membership.objects.filter(rep=b).update(weight=2)
+    Account.objects.create(domain="acme.example", owner=c)
+    for _ in range(4):
+        post(api, "pool")
+    weights = RotationState.objects.get(group=group).current_weights
+    since = timezone.now()
+    if not fallback:  # the owner cannot take it: the group keeps it for the owner
+        Membership.objects.filter(rep=c).update(max_open=0)
+    lead = post(api, "pool", email="buyer@acme.example")
+    assert (lead["owner"] or {}).get("id") == (c.id if fallback else None)
+    (event,) = [e for e in api.get(f"/api/v1/leads/{lead['id']}/events/").json() if e["type"] != "lead.received"]
+    assert event["explanation"]["current_weights_before"] == event["explanation"]["current_weights_after"] == weights
+    for _ in range(6):
+        post(api, "pool")
+    result = replay(api, since=since.isoformat(), group="pool")
+    assert result["turns"] == 7 and result["changed"] == 0, result
+
+
 def test_replay_reads_the_open_leads_the_account_owner_had_when_it_took_one(api, make_group):
     """Under a cap, whether the owner could take a lead is judged from the count routing read
     then (a lead closed inside the window freed the capacity it used)."""
