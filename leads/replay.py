@@ -5,7 +5,8 @@ What a replay takes from where:
 
 - the turns: every routing decision recorded in the audit trail in [since, until) (intake,
   bulk import, escalation, reroute, queue drain: each event whose explanation carries the
-  decision), in the order they were taken;
+  decision), in the order they were taken; a queue drain's decision is no turn for a lead the
+  replay has already given a rep (in the replay it was never queued);
 - the rotation's starting point per group: the pointer and weights recorded before the group's
   first decision in the window (the rotation row now, for a group with none);
 - availability at the time (rep inactive, paused, out of office, outside working hours, already
@@ -308,6 +309,7 @@ def routing_replay(
     actual_in_window: Counter[tuple[str, int]] = Counter()
     baseline_cache: dict[tuple[str, Any, int, datetime | None], int] = {}
     changed = in_scope = 0
+    given: set[int] = set()  # the leads the replay has given a rep (their latest decision)
     queued_none = "(no group)"
 
     # Each group's first recorded decision in the window: the rotation stood there when the
@@ -372,6 +374,9 @@ def routing_replay(
         actual_group = turn["group"] or None
         actual_rep = ex.get("chosen")
         actual[actual_group or queued_none][actual_rep] += 1
+        # A queue drain's turn for a lead the replay has given a rep: in the replay the lead
+        # was never in the queue, so no turn (and no second rep) for it.
+        drained_already = ex.get("trigger") == "queue_drain" and turn["lead_id"] in given
 
         target = actual_group
         if "group_source" in ex and turn["lead_id"] in leads:
@@ -384,7 +389,7 @@ def routing_replay(
             else:
                 target = default_group
         picked: int | None = None
-        if target is not None and target in groups and groups[target].active:
+        if not drained_already and target is not None and target in groups and groups[target].active:
             same_group = target == actual_group
             if same_group:
                 owner = _recorded_owner(ex)
@@ -400,7 +405,13 @@ def routing_replay(
                 counts=counts_for(run.config),
                 owner=owner,
             )
-        proposed[target or queued_none][picked] += 1
+        if not drained_already:
+            proposed[target or queued_none][picked] += 1
+        if turn["lead_id"] is not None and not drained_already:
+            if picked is not None:
+                given.add(turn["lead_id"])
+            else:
+                given.discard(turn["lead_id"])
         # For one group: the decisions routing took there, or the replay takes there.
         if group is None or group in (actual_group, target):
             in_scope += 1

@@ -304,6 +304,26 @@ def test_replay_reads_the_open_leads_the_account_owner_had_when_it_took_one(api,
     assert result["changed"] == 0 and per_rep == {a.id: (0, 0), b.id: (3, 3)}, result
 
 
+def test_a_lead_the_proposal_assigns_at_intake_is_not_drained_from_the_queue_again(api, make_group):
+    """Leads queued while the group was paused and drained afterwards: under a proposal that
+    keeps a member in, they are assigned on arrival, never queued, so the drain's turns do not
+    give them a second rep."""
+    from leads import actions
+
+    group, (a, b) = make_group(2, slug="pool")
+    Membership.objects.filter(group=group).update(active=False)
+    post(api, "pool")
+    post(api, "pool")
+    Membership.objects.filter(group=group).update(active=True)
+    assert actions.queue_drain(group_id=group.id) == 2
+    per_rep, g = counts(replay(api, group="pool"), "pool")
+    assert per_rep == {a.id: (1, 1), b.id: (1, 1)} and g["queued"] == {"actual": 2, "proposed": 2}
+    result = replay(api, group="pool", config={"members": {str(a.id): {"active": True}}})
+    per_rep, g = counts(result, "pool")
+    assert per_rep == {a.id: (1, 2), b.id: (1, 0)}, per_rep
+    assert g["queued"] == {"actual": 2, "proposed": 0} and g["proposed_total"] == 2
+
+
 def test_replay_with_proposed_rules_moves_leads_between_groups(api, make_group):
     emea, (e1,) = make_group(1, slug="emea", is_default=True)
     fr, (f1, f2) = make_group(2, slug="france")
