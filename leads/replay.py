@@ -9,10 +9,11 @@ What a replay takes from where:
   replay has already given a rep (in the replay it was never queued);
 - the rotation's starting point per group: the pointer and weights recorded before the group's
   first decision in the window (the rotation row now, for a group with none);
-- availability at the time (rep inactive, paused, out of office, outside working hours, already
-  had the lead): from the record of each decision, since that is what was true then; a member
-  with no record for that decision (a lead the rules now send elsewhere) is judged from the
-  current configuration at the decision's time (absences, working hours);
+- availability at the time (rep inactive, paused, out of office, outside working hours or
+  working hours unreadable, already had the lead): from the record of each decision, since that
+  is what was true then; a member with no record for that decision (a lead the rules now send
+  elsewhere) is judged from the current configuration at the decision's time (absences,
+  working hours);
 - configuration (strategy, members and their weights, caps, rules): the current one, with the
   proposed overrides; each lead's group is resolved again by the active rules (or the proposed
   ones), then its own group, then the default group; a proposed `active` overrides the
@@ -56,6 +57,7 @@ UNAVAILABLE = (
     "paused in this group",
     "out of office",
     "outside working hours",
+    "working hours unreadable",
     "already had this lead",
 )
 MEMBER_OVERRIDES = {"weight", "active", "max_open", "max_per_day"}
@@ -443,6 +445,15 @@ def routing_replay(
     )
 
 
+def _hours_reason(m: MemberConfig, at: datetime) -> str:
+    """As `eligibility`: outside the rep's working hours, or hours written around validation
+    that cannot be read (which keep the rep out, never fail the replay)."""
+    try:
+        return "" if within_working_hours(m.working_hours, m.timezone, at) else "outside working hours"
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return "working hours unreadable (fix them on the rep)"
+
+
 def _recorded_owner(ex: Mapping[str, Any]) -> int | None:
     """The account owner routing considered for this decision (it took the lead, or was skipped)."""
     if ex.get("reason") == ownership.OWNER_MATCH:
@@ -483,10 +494,8 @@ def _replay_turn(
             why = "paused in this group"
         elif any(s <= at < e for s, e in absences.get(m.rep_id, ())):
             why = "out of office"
-        elif not within_working_hours(m.working_hours, m.timezone, at):
-            why = "outside working hours"
         else:
-            why = ""
+            why = _hours_reason(m, at)
         override = g.active_override.get(m.rep_id)
         if override is False:
             why = why or "paused in this group (proposed)"

@@ -425,6 +425,32 @@ def test_a_group_busy_in_the_window_starts_from_its_rotation_before_the_window(a
     assert fr_counts == {f1.id: (1, 1), f2.id: (0, 1), f3.id: (0, 0)}
 
 
+def test_replay_keeps_out_a_rep_whose_working_hours_cannot_be_read(api, make_group):
+    """Hours written around validation keep the rep out of routing with a reason; replay keeps
+    it out too, where routing recorded it and where it did not (a lead a rule now sends in)."""
+    from rotation.eligibility import DAYS
+    from rotation.models import Rep
+
+    make_group(1, slug="emea", is_default=True)
+    group, (broken, fine) = make_group(2, slug="pool")
+    hours = {day: [["xx", "yy"]] if i % 2 else "all day" for i, day in enumerate(DAYS)}
+    Rep.objects.filter(pk=broken.pk).update(working_hours=hours)
+    assert [post(api, "pool")["owner"]["id"] for _ in range(2)] == [fine.id, fine.id]
+    post(api, country="FR")  # to emea
+    per_rep, _ = counts(replay(api, group="pool"), "pool")
+    assert per_rep == {broken.id: (0, 0), fine.id: (2, 2)}
+    rules = [
+        {
+            "name": "FR",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "equals", "value": "FR"}],
+            "group": "pool",
+        }
+    ]
+    per_rep, _ = counts(replay(api, config={"rules": rules}), "pool")
+    assert per_rep == {broken.id: (0, 0), fine.id: (2, 3)}
+
+
 @pytest.mark.parametrize(
     ("body", "field", "message"),
     [
