@@ -119,6 +119,7 @@ def owner_decide(
                     "position": mine.position if mine else None,
                     "eligible": False,
                     "reason": why,
+                    **(_counts_read(mine, strategy) if mine else {}),
                 }
             ],
             queue_reason=f"account owner not eligible ({why}); group '{group.slug}' keeps such leads for the owner",

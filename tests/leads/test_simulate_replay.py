@@ -266,6 +266,24 @@ def test_replay_gives_an_account_lead_to_its_owner_only_where_the_proposal_lets_
     assert other_counts == {d.id: (0, 0), c.id: (0, 3)}
 
 
+def test_replay_reads_the_open_leads_of_an_owner_its_group_kept_a_lead_for(api, make_group):
+    """A group that keeps account leads for their owner queued one because the owner was at its
+    cap: replay judges that cap from the count routing read then, not from leads still open now."""
+    group, (a, b) = make_group(2, slug="pool", owner_match_fallback_to_rotation=False)
+    Membership.objects.filter(rep=b).update(max_open=1)
+    Account.objects.create(domain="acme.example", owner=b)
+    before_window = post(api, "pool", email="one@acme.example")
+    assert before_window["owner"]["id"] == b.id
+    since = timezone.now()
+    kept = post(api, "pool", email="two@acme.example")
+    assert kept["status"] == "queued"
+    # The lead that kept the owner at its cap is closed inside the window.
+    assert api.post(f"/api/v1/leads/{before_window['id']}/close/", {"outcome": "won"}, format="json").status_code == 200
+    result = replay(api, since=since.isoformat(), group="pool")
+    per_rep, g = counts(result, "pool")
+    assert result["changed"] == 0 and g["queued"] == {"actual": 1, "proposed": 1}, result
+
+
 @pytest.mark.parametrize("fallback", [True, False])
 def test_a_weighted_window_opening_on_an_account_lead_starts_from_the_weights_then(api, make_group, fallback):
     """An account lead leaves the weighted rotation where it was, and its audit event says
