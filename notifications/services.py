@@ -422,15 +422,15 @@ def webhook_post(url: str, body: bytes, headers: dict[str, str], *, timeout: flo
     answer a byte at a time would otherwise hold the worker for as long as it likes. A timer
     shuts the socket down at the deadline, which ends any read or write in progress.
     Every failure to get an answer is a DeliveryError without a status code."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise DeliveryError("only http and https URLs are delivered")
     try:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise DeliveryError("only http and https URLs with a host are delivered")
         port = parts.port
         connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         kwargs: dict[str, Any] = {"context": ssl.create_default_context()} if parts.scheme == "https" else {}
         conn = connection_class(parts.hostname, port, timeout=timeout, **kwargs)
-    except ValueError as exc:  # a port out of range, a malformed host
+    except (ValueError, http.client.HTTPException) as exc:  # a port out of range, a malformed host
         raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
     expired = threading.Event()
 

@@ -593,3 +593,43 @@ def test_an_http_error_answer_holds_nothing(make_group, receiver, settings):
     assert services.delivery_attempt(delivery_id=delivery_id) is not None
     endpoint.refresh_from_db()
     assert endpoint.unreachable_until is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://[::1/", "ftp://x.example/", "http:///no-host", "http://a b.example/", "http://a\x00b/", "http://h:99999/"],
+)
+def test_an_endpoint_url_that_cannot_be_posted_to_is_a_failed_attempt_not_a_crash(url):
+    with pytest.raises(services.DeliveryError) as caught:
+        services.webhook_post(url, b"{}", {}, timeout=1)
+    assert caught.value.status_code is None
+
+
+def test_a_webhook_is_posted_to_an_ipv6_receiver_with_its_query():
+    class V6Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    try:
+        server = V6Server(("::1", 0), Handler)
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://[::1]:{server.server_address[1]}/hooks?team=emea"
+        assert services.webhook_post(url, b"{}", {"Content-Type": "application/json"}, timeout=2) == (204, "")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == ["/hooks?team=emea"]
