@@ -44,6 +44,8 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
         if f.rep_id == decision.rep_id:
             next_rep = rep
         current = (state.current_weights or {}).get(str(f.rep_id))
+        if isinstance(current, int) and current < 0:
+            current = -current - 1  # stored marked while away (rotation/strategies.py): the same distance
         members.append(
             {
                 "rep": rep,

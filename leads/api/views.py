@@ -269,7 +269,12 @@ class RotationMemberSerializer(serializers.Serializer):
     active = serializers.BooleanField()
     eligible = serializers.BooleanField()
     reason = serializers.CharField(allow_null=True)
-    current_weight = serializers.IntegerField(allow_null=True)
+    current_weight = serializers.IntegerField(
+        allow_null=True,
+        help_text="Weighted groups: the member's distance to its next turn on the rotation's clock; among "
+        "the eligible, the lowest goes next (ties by position). A member away keeps its distance and earns "
+        "nothing meanwhile. Null for the other strategies, and for a member with no turn placed yet.",
+    )
     open = serializers.IntegerField()
     assigned_today = serializers.IntegerField()
     assigned_week = serializers.IntegerField()

@@ -96,6 +96,23 @@ def test_simulate_validates_like_intake_and_needs_intake_scope(api, api_with, ma
 # --- rotation view -----------------------------------------------------------------------------
 
 
+def test_a_weighted_rotation_view_reads_as_the_distance_to_each_members_next_turn(api, make_group):
+    """`current_weight` is never the stored mark of a member away (negative): it is each
+    member's distance to its next turn, and among the eligible the lowest is next."""
+    group, reps = make_group(3, slug="pool", strategy="weighted")
+    Membership.objects.filter(rep=reps[0]).update(weight=2)
+    for i in range(7):
+        if i == 3:
+            Membership.objects.filter(rep=reps[2]).update(active=False)
+        post(api, "pool")
+        view = api.get("/api/v1/groups/pool/rotation/").json()
+        members = view["members"]
+        assert all(isinstance(m["current_weight"], int) and m["current_weight"] >= 0 for m in members), view
+        eligible = [m for m in members if m["eligible"]]
+        soonest = min(eligible, key=lambda m: (m["current_weight"], m["position"]))
+        assert view["next"]["id"] == soonest["rep"]["id"], (i, view)
+
+
 @pytest.mark.parametrize("strategy", ["round_robin", "weighted", "least_loaded"])
 def test_rotation_view_next_is_what_routing_does(api, make_group, strategy):
     group, reps = make_group(4, slug="pool", strategy=strategy)
