@@ -87,6 +87,20 @@ def test_rep_out_of_office_is_skipped_and_keeps_its_place(api, make_group):
     assert [post(api, "pool")["owner"]["id"] for _ in range(3)] == [a.id, b.id, c.id]
 
 
+def test_the_rotation_view_says_when_a_rep_is_back_through_absences_that_follow_on(api, make_group):
+    """A day off, then a week's holiday starting as it ends: the rep is back after the week,
+    not at the end of the day off. A later absence after a gap is not counted."""
+    group, (a, b) = make_group(2, slug="pool")
+    now = timezone.now().replace(microsecond=0)
+    for starts, ends in ((-1, 8), (8, 8 + 24 * 7), (8 + 24 * 7 + 1, 8 + 24 * 8)):
+        Absence.objects.create(rep=b, starts_at=now + timedelta(hours=starts), ends_at=now + timedelta(hours=ends))
+    Absence.objects.create(rep=a, starts_at=now + timedelta(hours=2), ends_at=now + timedelta(hours=3))
+    members = {m["rep"]["id"]: m for m in api.get("/api/v1/groups/pool/rotation/").json()["members"]}
+    back = now + timedelta(hours=8 + 24 * 7)
+    assert members[b.id]["reason"] == f"out of office until {back.isoformat()}"
+    assert members[a.id]["eligible"] is True  # an absence ahead is not an absence now
+
+
 # --- caps --------------------------------------------------------------------------------------
 
 
