@@ -104,6 +104,9 @@ def serialize_on(name: str) -> None:
 
 @transaction.atomic
 def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None) -> Group:
+    # Routing locks the group's row with its rotation row: this edit (or a move of the
+    # default flag, which locks the old default's row) waits for it no longer than routing does.
+    set_lock_timeout()
     change = _change(group, changed)
     if group.is_default:
         # One default group: moving the flag is a change to the old default too. Moves are

@@ -197,3 +197,111 @@ def test_a_member_removed_in_the_admin_while_the_rotation_row_is_held_is_a_503_t
     assert r["Retry-After"] == "1" and b"retry" in r.content.lower()
     assert Membership.objects.filter(group=group).count() == 2
     assert AuditEvent.objects.count() == events
+
+
+def while_routing_holds(group: Group, request):
+    """Runs `request` in a thread while this thread holds `group`'s lock as routing takes it
+    (leads/routing.py, `lock_rotation`: the rotation row and the group row, FOR NO KEY UPDATE),
+    until the request answers or 10 s pass. Returns the response, how long it took and
+    whether it was still waiting when the lock was released."""
+    outcome: dict = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        outcome["response"] = request()
+        outcome["elapsed"] = time.monotonic() - started
+        connection.close()
+
+    with transaction.atomic():
+        RotationState.objects.select_for_update(no_key=True, of=("self", "group")).select_related("group").get(
+            group=group
+        )
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(timeout=10)  # the lock is held all this time unless the request gave up
+        waited = thread.is_alive()
+    thread.join(timeout=30)
+    return outcome.get("response"), outcome.get("elapsed"), waited
+
+
+@pytest.mark.parametrize("change", ["rename", "move the default flag"])
+def test_a_group_change_waits_for_routing_no_longer_than_the_lock_timeout(settings, change):
+    """Routing locks the group's row with its rotation row. A PATCH of the group (its name,
+    or the default flag moved away from it) needs that row: held past the lock timeout, it is
+    a 503 with Retry-After, nothing written, and the same request succeeds once it is free."""
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    held = GroupFactory(slug="g", is_default=True)
+    GroupFactory(slug="h")
+    _client, token = api_client_with(["manage"])
+    path, body = ("/api/v1/groups/g/", {"name": "Renamed"})
+    if change == "move the default flag":
+        path, body = ("/api/v1/groups/h/", {"is_default": True})
+    before = (list(Group.objects.order_by("pk").values()), AuditEvent.objects.count())
+
+    def patch():
+        return http_client(token).patch(path, body, "application/json")
+
+    r, elapsed, waited = while_routing_holds(held, patch)
+    assert not waited, "the request waited on the group's row as long as routing held it"
+    assert r.status_code == 503, r.content
+    assert r["Retry-After"] == "1" and "retry" in r.json()["detail"]
+    assert elapsed < 5
+    assert (list(Group.objects.order_by("pk").values()), AuditEvent.objects.count()) == before
+    assert patch().status_code == 200
+    if change == "rename":
+        assert Group.objects.get(slug="g").name == "Renamed"
+    else:
+        assert list(Group.objects.filter(is_default=True).values_list("slug", flat=True)) == ["h"]
+
+
+def test_the_admin_group_page_waits_for_routing_no_longer_than_the_lock_timeout(settings):
+    """The admin's group page saves the group (its row, which routing locks) with its member
+    inlines: held past the lock timeout, a 503 page saying to retry, nothing saved; the same
+    form saved afterwards goes through."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    group = GroupFactory(slug="g")
+    rep = RepFactory()
+    services.membership_add(group=group, rep=rep, actor="test")
+    member = Membership.objects.get(group=group)
+    admin = Client(raise_request_exception=False)
+    admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
+    data = {
+        "slug": "g",
+        "name": "Renamed",
+        "strategy": group.strategy,
+        "active": "on",
+        "timezone": "UTC",
+        "max_attempts": group.max_attempts,
+        "dedup_days": group.dedup_days,
+        "memberships-TOTAL_FORMS": 1,
+        "memberships-INITIAL_FORMS": 1,
+        "memberships-MIN_NUM_FORMS": 0,
+        "memberships-MAX_NUM_FORMS": 1000,
+        "memberships-0-id": member.pk,
+        "memberships-0-group": group.pk,
+        "memberships-0-rep": rep.pk,
+        "memberships-0-position": member.position,
+        "memberships-0-weight": 3,
+        "memberships-0-active": "on",
+    }
+    before = (
+        list(Group.objects.values()),
+        list(Membership.objects.values()),
+        AuditEvent.objects.count(),
+    )
+
+    def save():
+        return admin.post(f"/admin/rotation/group/{group.pk}/change/", data)
+
+    r, elapsed, waited = while_routing_holds(group, save)
+    assert not waited, "the page waited on the group's row as long as routing held it"
+    assert r.status_code == 503, r.content[:300]
+    assert r["Retry-After"] == "1" and b"retry" in r.content.lower()
+    assert elapsed < 5
+    assert (list(Group.objects.values()), list(Membership.objects.values()), AuditEvent.objects.count()) == before
+    assert save().status_code == 302
+    assert Group.objects.get(pk=group.pk).name == "Renamed"
+    assert Membership.objects.get(pk=member.pk).weight == 3
