@@ -242,7 +242,9 @@ def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None =
 
 @transaction.atomic
 def membership_update(*, membership: Membership, actor: str, changed: Iterable[str]) -> Membership:
-    # The member's row, as escalation takes it; removed meanwhile, the edit has nothing to write.
+    # The member's row, as escalation takes it (under its routing locks), waited for no longer
+    # than routing waits; removed meanwhile, the edit has nothing to write.
+    set_lock_timeout()
     if not Membership.objects.select_for_update().filter(pk=membership.pk).exists():
         raise Membership.DoesNotExist("No such member: removed from the group meanwhile.")
     change = _change(membership, [c for c in changed if c not in ("group", "rep", "group_id", "rep_id")])

@@ -305,3 +305,75 @@ def test_the_admin_group_page_waits_for_routing_no_longer_than_the_lock_timeout(
     assert save().status_code == 302
     assert Group.objects.get(pk=group.pk).name == "Renamed"
     assert Membership.objects.get(pk=member.pk).weight == 3
+
+
+@pytest.mark.parametrize("where", ["api", "admin"])
+def test_a_member_edit_waits_for_an_escalation_no_longer_than_the_lock_timeout(settings, where):
+    """An escalation locks the member's row (to count the SLA miss, maybe auto-pause it) in
+    its routing transaction. A member edit (over the API, or a member inline on the admin's
+    group page) needs that row: held past the lock timeout, it is a 503 with Retry-After,
+    nothing written, and the same edit goes through once the row is free."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    group = GroupFactory(slug="g")
+    rep = RepFactory()
+    services.membership_add(group=group, rep=rep, actor="test")
+    member = Membership.objects.get(group=group)
+    if where == "api":
+        _client, token = api_client_with(["manage"])
+
+        def edit():
+            return http_client(token).patch(f"/api/v1/groups/g/members/{rep.pk}/", {"weight": 3}, "application/json")
+
+    else:
+        admin = Client(raise_request_exception=False)
+        admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
+        data = {
+            "slug": "g",
+            "name": group.name,
+            "strategy": group.strategy,
+            "active": "on",
+            "timezone": "UTC",
+            "max_attempts": group.max_attempts,
+            "dedup_days": group.dedup_days,
+            "memberships-TOTAL_FORMS": 1,
+            "memberships-INITIAL_FORMS": 1,
+            "memberships-MIN_NUM_FORMS": 0,
+            "memberships-MAX_NUM_FORMS": 1000,
+            "memberships-0-id": member.pk,
+            "memberships-0-group": group.pk,
+            "memberships-0-rep": rep.pk,
+            "memberships-0-position": member.position,
+            "memberships-0-weight": 3,
+            "memberships-0-active": "on",
+        }
+
+        def edit():
+            return admin.post(f"/admin/rotation/group/{group.pk}/change/", data)
+
+    before = (list(Membership.objects.values()), AuditEvent.objects.count())
+    outcome: dict = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        outcome["response"] = edit()
+        outcome["elapsed"] = time.monotonic() - started
+        connection.close()
+
+    with transaction.atomic():
+        Membership.objects.select_for_update().get(pk=member.pk)  # as escalation's `_count_miss`
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(timeout=10)
+        waited = thread.is_alive()
+    thread.join(timeout=30)
+    assert not waited, "the edit waited on the member's row as long as it was held"
+    r = outcome["response"]
+    assert r.status_code == 503, r.content[:300]
+    assert r["Retry-After"] == "1" and b"retry" in r.content.lower()
+    assert outcome["elapsed"] < 5
+    assert (list(Membership.objects.values()), AuditEvent.objects.count()) == before
+    assert edit().status_code == (200 if where == "api" else 302)
+    assert Membership.objects.get(pk=member.pk).weight == 3
