@@ -86,7 +86,7 @@ def _run_each(
             run(lead)
             ok += 1
         except (actions.LeadConflict, RoutingBusy) as exc:
-            failed.append(f"#{lead.pk}: {exc or 'the rotation is busy, retry'}")
+            failed.append(f"#{lead.pk}: {str(exc) or 'the rotation is busy, retry'}")
         except actions.ActionRejected as exc:
             failed.append(f"#{lead.pk}: {'; '.join(m for ms in exc.errors.values() for m in ms)}")
     if ok:

@@ -155,3 +155,56 @@ def test_editing_a_leads_email_to_another_open_leads_is_refused_on_the_field(api
     lead.refresh_from_db()
     assert (lead.email, lead.first_name) == ("john@acme.example", "")
     assert not AuditEvent.objects.filter(lead_id=lead.pk, type="lead.changed").exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.xdist_group("concurrency")
+@pytest.mark.parametrize(
+    ("page", "action"),
+    [
+        ("queuedlead", "assign_to_rep"),
+        ("queuedlead", "reroute"),
+        ("queuedlead", "close_disqualified"),
+        ("lead", "close_won"),
+    ],
+)
+def test_an_action_on_a_lead_locked_past_the_lock_timeout_says_to_retry(
+    api, make_group, manager, settings, page, action
+):
+    """A lead whose row another transaction holds (an escalation, an accept) past the lock
+    timeout is not acted on: the page says why and to retry, nothing is written, and the
+    same action goes through once the row is free."""
+    import threading
+
+    from django.db import connection, transaction
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    group, reps, ids = queued_leads(api, make_group, 1)
+    url = f"/admin/leads/{page}/"
+    post = {"action": action, "_selected_action": ids}
+    if action == "assign_to_rep":
+        post.update({"apply": "1", "rep": reps[1].id, "reason": "on call"})
+    before = (list(Lead.objects.values()), AuditEvent.objects.count())
+    outcome: dict = {}
+
+    def act() -> None:
+        outcome["response"] = manager.post(url, post, follow=True)
+        connection.close()
+
+    with transaction.atomic():
+        Lead.objects.select_for_update().get(pk=ids[0])
+        thread = threading.Thread(target=act)
+        thread.start()
+        thread.join(timeout=10)
+        waited = thread.is_alive()
+    thread.join(timeout=30)
+    assert not waited
+    r = outcome["response"]
+    assert r.status_code == 200
+    shown = [str(m) for m in r.context["messages"]]
+    assert any(f"#{ids[0]}" in m and "busy" in m and "retry" in m for m in shown), shown
+    assert (list(Lead.objects.values()), AuditEvent.objects.count()) == before
+    again = manager.post(url, post, follow=True)
+    assert [str(m) for m in again.context["messages"] if str(m).startswith("Not done")] == []
+    assert AuditEvent.objects.filter(lead_id=ids[0], actor="admin:maria").exists()
