@@ -5,6 +5,7 @@ from zoneinfo import ZoneInfo
 from django import forms
 from django.contrib import admin, messages
 from django.core.validators import DomainNameValidator
+from django.db import transaction
 from django.db.models import Count, Max, QuerySet
 from django.forms import BaseInlineFormSet
 from django.http import HttpRequest
@@ -34,6 +35,13 @@ class AuditedDeleteMixin:
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
         for obj in queryset:
             self.delete_model(request, obj)  # type: ignore[attr-defined]
+
+    def response_action(self, request: HttpRequest, queryset: Any) -> Any:
+        # One transaction, as Django's delete page has: a bulk delete that cannot finish (a
+        # group's rotation row held past the lock timeout) deletes nothing, writes no audit
+        # event and no admin log entry, as the busy page then says.
+        with transaction.atomic():
+            return super().response_action(request, queryset)  # type: ignore[misc]
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
         deleted, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)  # type: ignore[misc]

@@ -377,3 +377,34 @@ def test_a_member_edit_waits_for_an_escalation_no_longer_than_the_lock_timeout(s
     assert (list(Membership.objects.values()), AuditEvent.objects.count()) == before
     assert edit().status_code == (200 if where == "api" else 302)
     assert Membership.objects.get(pk=member.pk).weight == 3
+
+
+def test_groups_deleted_together_in_the_admin_are_all_kept_when_one_is_busy(settings):
+    """ "Delete selected" on the admin's group list deletes each group through the service,
+    which takes its rotation row. One of them held by routing past the lock timeout: the page
+    says nothing was saved, and nothing is (no group gone, no audit event, no admin log
+    entry); the same deletion goes through once the row is free."""
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    first, busy = GroupFactory(slug="a"), GroupFactory(slug="b")
+    for group in (first, busy):
+        services.membership_add(group=group, rep=RepFactory(), actor="test")
+    admin = Client(raise_request_exception=False)
+    admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
+    before = (list(Group.objects.order_by("pk").values()), AuditEvent.objects.count(), LogEntry.objects.count())
+
+    def delete_both():
+        selected = {"action": "delete_selected", "_selected_action": [first.pk, busy.pk], "post": "yes"}
+        return admin.post("/admin/rotation/group/", selected)
+
+    r, elapsed, waited = while_routing_holds(busy, delete_both)
+    assert not waited
+    assert r.status_code == 503, r.content[:300]
+    assert r["Retry-After"] == "1" and b"nothing was saved" in r.content
+    assert elapsed < 5
+    assert (list(Group.objects.order_by("pk").values()), AuditEvent.objects.count(), LogEntry.objects.count()) == before
+    assert delete_both().status_code == 302
+    assert not Group.objects.filter(pk__in=[first.pk, busy.pk]).exists()
