@@ -158,6 +158,9 @@ def group_delete(*, group: Group, actor: str) -> None:
 
 @transaction.atomic
 def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> Rep:
+    # A reassign to this rep holds its row for its routing transaction: this edit waits for it
+    # no longer than routing waits.
+    set_lock_timeout()
     rep.full_clean()
     change = _change(rep, changed)
     rep.save()

@@ -408,3 +408,41 @@ def test_groups_deleted_together_in_the_admin_are_all_kept_when_one_is_busy(sett
     assert (list(Group.objects.order_by("pk").values()), AuditEvent.objects.count(), LogEntry.objects.count()) == before
     assert delete_both().status_code == 302
     assert not Group.objects.filter(pk__in=[first.pk, busy.pk]).exists()
+
+
+def test_a_rep_edit_waits_for_a_reassign_no_longer_than_the_lock_timeout(settings):
+    """A reassign to a rep locks the rep's row first (a deactivation meanwhile is then seen):
+    an edit of that rep, its row held past the lock timeout, is a 503 with Retry-After and
+    nothing written, and goes through once the row is free."""
+    from rotation.models import Rep
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    rep = RepFactory(name="Before")
+    _client, token = api_client_with(["manage"])
+
+    def edit():
+        return http_client(token).patch(f"/api/v1/reps/{rep.pk}/", {"name": "After"}, "application/json")
+
+    before = AuditEvent.objects.count()
+    outcome: dict = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        outcome["response"] = edit()
+        outcome["elapsed"] = time.monotonic() - started
+        connection.close()
+
+    with transaction.atomic():
+        Rep.objects.select_for_update(no_key=True).get(pk=rep.pk)  # as lead_reassign
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(timeout=10)
+        waited = thread.is_alive()
+    thread.join(timeout=30)
+    assert not waited, "the edit waited on the rep's row as long as it was held"
+    r = outcome["response"]
+    assert r.status_code == 503 and r["Retry-After"] == "1", r.content[:300]
+    assert outcome["elapsed"] < 5
+    assert (Rep.objects.get(pk=rep.pk).name, AuditEvent.objects.count()) == ("Before", before)
+    assert edit().status_code == 200
+    assert Rep.objects.get(pk=rep.pk).name == "After"
