@@ -70,7 +70,11 @@ def test_intake_while_everything_else_happens(make_group, strategy):
     lock = threading.Lock()
 
     def last_event_of(rep: Rep) -> int:
-        return AuditEvent.objects.filter(rep_id=rep.id).order_by("-id").values_list("id", flat=True)[0]
+        # The change that undid the window: the rep's last configuration event. Not any event
+        # of the rep: a lead given to it just after the undo, before this read, would widen
+        # the window over a decision that rightly saw the rep back.
+        configuration = AuditEvent.objects.filter(rep_id=rep.id).exclude(type__startswith="lead.")
+        return configuration.order_by("-id").values_list("id", flat=True)[0]
 
     def intake(i: int):
         def run() -> None:
