@@ -8,13 +8,17 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import DatabaseError, connection, connections, transaction
+from django.test import Client
 from django.utils import timezone
 
 from audit.models import AuditEvent
 from leads import actions
 from leads.models import Assignment, Lead
+from rotation.models import Rep, RotationState
 from tests.conftest import lead_body
+from tests.factories import api_client_with
+from tests.leads.test_concurrency import waiting_on_locks
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("concurrency")]
 
@@ -72,10 +76,44 @@ def test_accept_timer_and_sweep_race(api, make_group):
             assert lead.owner_id != firsts[lead_id].rep_id
 
 
+def started(target, errors: list[BaseException]) -> threading.Thread:
+    """`target` in a thread (and a database connection) of its own; what it raises is kept in
+    `errors`, for the test to surface."""
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:  # surfaced by the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def wait_for_lock_waiters(n: int = 1) -> None:
+    deadline = time.monotonic() + 10
+    while waiting_on_locks() < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert waiting_on_locks() >= n
+
+
+def holding(lock, locked: threading.Event, release: threading.Event):
+    """A transaction that takes `lock` (a callable), says so, and commits when released."""
+
+    def run() -> None:
+        with transaction.atomic():
+            lock()
+            locked.set()
+            release.wait(30)
+
+    return run
+
+
 def _lead_row_locked(lead_id: int) -> bool:
     """Whether another transaction holds the lead's row lock (asked from a connection of its own)."""
-    from django.db import DatabaseError, connections, transaction
-
     out: dict[str, bool] = {}
 
     def probe() -> None:
@@ -85,12 +123,8 @@ def _lead_row_locked(lead_id: int) -> bool:
             out["locked"] = False
         except DatabaseError:
             out["locked"] = True
-        finally:
-            connections.close_all()
 
-    t = threading.Thread(target=probe)
-    t.start()
-    t.join(10)
+    started(probe, []).join(10)
     return out["locked"]
 
 
@@ -99,73 +133,35 @@ def test_reassign_of_a_lead_moved_meanwhile_starts_over_in_lock_order(api, make_
     reroute is moving to another group. When the move commits, the reassign must not lock the
     new group's rotation row while holding the lead's (the other order: a deadlock with anyone
     routing that lead in its new group); it starts over and waits holding nothing."""
-    from django.db import connection, transaction
-
-    from rotation.models import RotationState
-    from tests.leads.test_concurrency import waiting_on_locks
-
     g1, _reps1 = make_group(2, slug="from")
     g2, reps2 = make_group(2, slug="to")
     lead_id = api.post("/api/v1/leads/", lead_body(group="from"), format="json").json()["id"]
     target = reps2[0].id
-    mover_locked, mover_commit = threading.Event(), threading.Event()
-    blocker_locked, blocker_release = threading.Event(), threading.Event()
-    outcome: dict = {}
+    moved, commit_move = threading.Event(), threading.Event()
+    blocked, release_block = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
-    def mover() -> None:  # a reroute's write, paused with the lead row locked
-        try:
-            with transaction.atomic():
-                Lead.objects.select_for_update().get(pk=lead_id)
-                Lead.objects.filter(pk=lead_id).update(group_id=g2.id)
-                mover_locked.set()
-                mover_commit.wait(30)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
+    def move() -> None:  # a reroute's write, paused with the lead row locked
+        Lead.objects.select_for_update().get(pk=lead_id)
+        Lead.objects.filter(pk=lead_id).update(group_id=g2.id)
 
-    def blocker() -> None:  # someone routing in the new group, holding its rotation row
-        try:
-            with transaction.atomic():
-                RotationState.objects.select_for_update(no_key=True).get(group_id=g2.id)
-                blocker_locked.set()
-                blocker_release.wait(30)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
+    def block() -> None:  # someone routing in the new group, holding its rotation row
+        RotationState.objects.select_for_update(no_key=True).get(group_id=g2.id)
 
-    def reassign() -> None:
-        try:
-            outcome["lead"] = actions.lead_reassign(lead_id=lead_id, rep_id=target, reason="by hand", actor="test")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def wait_for(n: int) -> None:
-        deadline = time.monotonic() + 10
-        while waiting_on_locks() < n and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert waiting_on_locks() >= n
-
-    threads = [threading.Thread(target=mover), threading.Thread(target=blocker)]
-    for t in threads:
-        t.start()
-    assert mover_locked.wait(10) and blocker_locked.wait(10)
-    worker = threading.Thread(target=reassign)
-    worker.start()
+    mover = started(holding(move, moved, commit_move), errors)
+    blocker = started(holding(block, blocked, release_block), errors)
+    assert moved.wait(10) and blocked.wait(10)
+    worker = started(lambda: actions.lead_reassign(lead_id=lead_id, rep_id=target, reason="r", actor="test"), errors)
     try:
-        wait_for(1)  # the reassign holds the old group's rotation row and waits on the lead
-        mover_commit.set()
-        threads[0].join(10)
-        wait_for(1)  # now it waits on the new group's rotation row...
+        wait_for_lock_waiters()  # the reassign holds the old group's rotation row and waits on the lead
+        commit_move.set()
+        mover.join(10)
+        wait_for_lock_waiters()  # now it waits on the new group's rotation row...
         assert not _lead_row_locked(lead_id), "the reassign holds the lead's row while waiting on a rotation row"
     finally:
-        mover_commit.set()
-        blocker_release.set()
-        for t in [*threads, worker]:
+        commit_move.set()
+        release_block.set()
+        for t in (mover, blocker, worker):
             t.join(30)
         connection.close()
     assert not errors, errors
@@ -178,29 +174,13 @@ def test_reassign_of_a_lead_moved_meanwhile_starts_over_in_lock_order(api, make_
 def test_reassign_to_a_rep_deactivated_meanwhile_is_refused(api, make_group):
     """The rep is read under its row lock inside the reassign's transaction: a deactivation
     committing while the reassign waits is seen, and the lead stays where it was."""
-    from django.db import connection, transaction
-
-    from rotation.models import Rep
-    from tests.leads.test_concurrency import waiting_on_locks
-
     group, reps = make_group(3, slug="g")
     lead_id = api.post("/api/v1/leads/", lead_body(group="g"), format="json").json()["id"]
     owner = Lead.objects.get(pk=lead_id).owner_id
     target = next(r for r in reps if r.id != owner)
-    locked, commit = threading.Event(), threading.Event()
+    deactivated, commit = threading.Event(), threading.Event()
     errors: list[BaseException] = []
     outcome: dict = {}
-
-    def deactivate() -> None:
-        try:
-            with transaction.atomic():
-                Rep.objects.filter(pk=target.id).update(active=False)
-                locked.set()
-                commit.wait(30)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
 
     def reassign() -> None:
         try:
@@ -208,20 +188,13 @@ def test_reassign_to_a_rep_deactivated_meanwhile_is_refused(api, make_group):
             outcome["result"] = "reassigned"
         except actions.ActionRejected as exc:
             outcome["result"] = exc.errors
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
 
-    first = threading.Thread(target=deactivate)
-    first.start()
-    assert locked.wait(10)
-    second = threading.Thread(target=reassign)
-    second.start()
+    deactivate = lambda: Rep.objects.filter(pk=target.id).update(active=False)  # noqa: E731
+    first = started(holding(deactivate, deactivated, commit), errors)
+    assert deactivated.wait(10)
+    second = started(reassign, errors)
     try:
-        deadline = time.monotonic() + 10
-        while waiting_on_locks() < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_lock_waiters()
     finally:
         commit.set()
         first.join(30)
@@ -229,8 +202,7 @@ def test_reassign_to_a_rep_deactivated_meanwhile_is_refused(api, make_group):
         connection.close()
     assert not errors, errors
     assert outcome["result"] == {"rep": [f"Rep {target.id} is inactive."]}
-    lead = Lead.objects.get(pk=lead_id)
-    assert lead.owner_id == owner
+    assert Lead.objects.get(pk=lead_id).owner_id == owner
     assert not AuditEvent.objects.filter(lead_id=lead_id, type=AuditEvent.Type.LEAD_REASSIGNED).exists()
 
 
@@ -238,12 +210,6 @@ def test_an_intake_of_an_address_a_lead_is_leaving_waits_for_the_edit(api, make_
     """An email edit holds both addresses' intake locks: a post of the old address, arriving
     while the edit is in flight, waits for it and is then a new lead, not a `duplicate_of` a
     lead that no longer has that address (the post would be lost)."""
-    from django.db import connection, transaction
-    from django.test import Client
-
-    from tests.factories import api_client_with
-    from tests.leads.test_concurrency import waiting_on_locks
-
     make_group(2, slug="g")
     lead_id = api.post("/api/v1/leads/", lead_body(group="g", email="old@acme.example"), format="json").json()["id"]
     _client, token = api_client_with(["intake"])
@@ -251,33 +217,18 @@ def test_an_intake_of_an_address_a_lead_is_leaving_waits_for_the_edit(api, make_
     errors: list[BaseException] = []
     outcome: dict = {}
 
-    def edit() -> None:
-        try:
-            with transaction.atomic():  # the edit's locks held until this commits
-                actions.lead_update(lead_id=lead_id, changes={"email": "new@acme.example"}, actor="test")
-                edited.set()
-                commit.wait(30)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
+    def edit() -> None:  # the edit's locks held until the enclosing transaction commits
+        actions.lead_update(lead_id=lead_id, changes={"email": "new@acme.example"}, actor="test")
 
     def intake() -> None:
-        try:
-            r = Client(HTTP_AUTHORIZATION=f"Bearer {token}").post(
-                "/api/v1/leads/", {"email": "OLD@acme.example", "group": "g"}, content_type="application/json"
-            )
-            outcome["status"], outcome["body"] = r.status_code, r.json()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        r = Client(HTTP_AUTHORIZATION=f"Bearer {token}").post(
+            "/api/v1/leads/", {"email": "OLD@acme.example", "group": "g"}, content_type="application/json"
+        )
+        outcome["status"], outcome["body"] = r.status_code, r.json()
 
-    editor = threading.Thread(target=edit)
-    editor.start()
+    editor = started(holding(edit, edited, commit), errors)
     assert edited.wait(10)
-    poster = threading.Thread(target=intake)
-    poster.start()
+    poster = started(intake, errors)
     try:
         deadline = time.monotonic() + 10
         while waiting_on_locks() < 1 and time.monotonic() < deadline and poster.is_alive():
