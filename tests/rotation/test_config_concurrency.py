@@ -199,11 +199,10 @@ def test_a_member_removed_in_the_admin_while_the_rotation_row_is_held_is_a_503_t
     assert AuditEvent.objects.count() == events
 
 
-def while_routing_holds(group: Group, request):
-    """Runs `request` in a thread while this thread holds `group`'s lock as routing takes it
-    (leads/routing.py, `lock_rotation`: the rotation row and the group row, FOR NO KEY UPDATE),
-    until the request answers or 10 s pass. Returns the response, how long it took and
-    whether it was still waiting when the lock was released."""
+def while_held(lock, request):
+    """Runs `request` in a thread while this thread holds what `lock` (a callable) locks, until
+    the request answers or 10 s pass. Returns the response, how long it took and whether it
+    was still waiting when the lock was released."""
     outcome: dict = {}
 
     def run() -> None:
@@ -213,15 +212,54 @@ def while_routing_holds(group: Group, request):
         connection.close()
 
     with transaction.atomic():
-        RotationState.objects.select_for_update(no_key=True, of=("self", "group")).select_related("group").get(
-            group=group
-        )
+        lock()
         thread = threading.Thread(target=run)
         thread.start()
         thread.join(timeout=10)  # the lock is held all this time unless the request gave up
         waited = thread.is_alive()
     thread.join(timeout=30)
     return outcome.get("response"), outcome.get("elapsed"), waited
+
+
+def while_routing_holds(group: Group, request):
+    """`while_held` with `group`'s lock as routing takes it (leads/routing.py, `lock_rotation`:
+    the rotation row and the group row, FOR NO KEY UPDATE)."""
+    rows = RotationState.objects.select_for_update(no_key=True, of=("self", "group")).select_related("group")
+    return while_held(lambda: rows.get(group=group), request)
+
+
+def superuser_client():
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    admin = Client(raise_request_exception=False)
+    admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
+    return admin
+
+
+def group_page_form(group: Group, member: Membership, **changes) -> dict:
+    """The admin's group page as posted, with its one member's inline row."""
+    data = {
+        "slug": group.slug,
+        "name": group.name,
+        "strategy": group.strategy,
+        "active": "on",
+        "timezone": "UTC",
+        "max_attempts": group.max_attempts,
+        "dedup_days": group.dedup_days,
+        "memberships-TOTAL_FORMS": 1,
+        "memberships-INITIAL_FORMS": 1,
+        "memberships-MIN_NUM_FORMS": 0,
+        "memberships-MAX_NUM_FORMS": 1000,
+        "memberships-0-id": member.pk,
+        "memberships-0-group": group.pk,
+        "memberships-0-rep": member.rep_id,
+        "memberships-0-position": member.position,
+        "memberships-0-weight": member.weight,
+        "memberships-0-active": "on",
+    }
+    data.update(changes)
+    return data
 
 
 @pytest.mark.parametrize("change", ["rename", "move the default flag"])
@@ -258,35 +296,12 @@ def test_the_admin_group_page_waits_for_routing_no_longer_than_the_lock_timeout(
     """The admin's group page saves the group (its row, which routing locks) with its member
     inlines: held past the lock timeout, a 503 page saying to retry, nothing saved; the same
     form saved afterwards goes through."""
-    from django.contrib.auth.models import User
-    from django.test import Client
-
     settings.ROUTING_LOCK_TIMEOUT_MS = 300
     group = GroupFactory(slug="g")
-    rep = RepFactory()
-    services.membership_add(group=group, rep=rep, actor="test")
+    services.membership_add(group=group, rep=RepFactory(), actor="test")
     member = Membership.objects.get(group=group)
-    admin = Client(raise_request_exception=False)
-    admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
-    data = {
-        "slug": "g",
-        "name": "Renamed",
-        "strategy": group.strategy,
-        "active": "on",
-        "timezone": "UTC",
-        "max_attempts": group.max_attempts,
-        "dedup_days": group.dedup_days,
-        "memberships-TOTAL_FORMS": 1,
-        "memberships-INITIAL_FORMS": 1,
-        "memberships-MIN_NUM_FORMS": 0,
-        "memberships-MAX_NUM_FORMS": 1000,
-        "memberships-0-id": member.pk,
-        "memberships-0-group": group.pk,
-        "memberships-0-rep": rep.pk,
-        "memberships-0-position": member.position,
-        "memberships-0-weight": 3,
-        "memberships-0-active": "on",
-    }
+    admin = superuser_client()
+    data = group_page_form(group, member, name="Renamed", **{"memberships-0-weight": 3})
     before = (
         list(Group.objects.values()),
         list(Membership.objects.values()),
@@ -313,9 +328,6 @@ def test_a_member_edit_waits_for_an_escalation_no_longer_than_the_lock_timeout(s
     its routing transaction. A member edit (over the API, or a member inline on the admin's
     group page) needs that row: held past the lock timeout, it is a 503 with Retry-After,
     nothing written, and the same edit goes through once the row is free."""
-    from django.contrib.auth.models import User
-    from django.test import Client
-
     settings.ROUTING_LOCK_TIMEOUT_MS = 300
     group = GroupFactory(slug="g")
     rep = RepFactory()
@@ -328,52 +340,19 @@ def test_a_member_edit_waits_for_an_escalation_no_longer_than_the_lock_timeout(s
             return http_client(token).patch(f"/api/v1/groups/g/members/{rep.pk}/", {"weight": 3}, "application/json")
 
     else:
-        admin = Client(raise_request_exception=False)
-        admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
-        data = {
-            "slug": "g",
-            "name": group.name,
-            "strategy": group.strategy,
-            "active": "on",
-            "timezone": "UTC",
-            "max_attempts": group.max_attempts,
-            "dedup_days": group.dedup_days,
-            "memberships-TOTAL_FORMS": 1,
-            "memberships-INITIAL_FORMS": 1,
-            "memberships-MIN_NUM_FORMS": 0,
-            "memberships-MAX_NUM_FORMS": 1000,
-            "memberships-0-id": member.pk,
-            "memberships-0-group": group.pk,
-            "memberships-0-rep": rep.pk,
-            "memberships-0-position": member.position,
-            "memberships-0-weight": 3,
-            "memberships-0-active": "on",
-        }
+        admin = superuser_client()
+        data = group_page_form(group, member, **{"memberships-0-weight": 3})
 
         def edit():
             return admin.post(f"/admin/rotation/group/{group.pk}/change/", data)
 
     before = (list(Membership.objects.values()), AuditEvent.objects.count())
-    outcome: dict = {}
-
-    def run() -> None:
-        started = time.monotonic()
-        outcome["response"] = edit()
-        outcome["elapsed"] = time.monotonic() - started
-        connection.close()
-
-    with transaction.atomic():
-        Membership.objects.select_for_update().get(pk=member.pk)  # as escalation's `_count_miss`
-        thread = threading.Thread(target=run)
-        thread.start()
-        thread.join(timeout=10)
-        waited = thread.is_alive()
-    thread.join(timeout=30)
+    # The member's row, as escalation's `_count_miss` locks it.
+    r, elapsed, waited = while_held(lambda: Membership.objects.select_for_update().get(pk=member.pk), edit)
     assert not waited, "the edit waited on the member's row as long as it was held"
-    r = outcome["response"]
     assert r.status_code == 503, r.content[:300]
     assert r["Retry-After"] == "1" and b"retry" in r.content.lower()
-    assert outcome["elapsed"] < 5
+    assert elapsed < 5
     assert (list(Membership.objects.values()), AuditEvent.objects.count()) == before
     assert edit().status_code == (200 if where == "api" else 302)
     assert Membership.objects.get(pk=member.pk).weight == 3
@@ -385,15 +364,12 @@ def test_groups_deleted_together_in_the_admin_are_all_kept_when_one_is_busy(sett
     says nothing was saved, and nothing is (no group gone, no audit event, no admin log
     entry); the same deletion goes through once the row is free."""
     from django.contrib.admin.models import LogEntry
-    from django.contrib.auth.models import User
-    from django.test import Client
 
     settings.ROUTING_LOCK_TIMEOUT_MS = 300
     first, busy = GroupFactory(slug="a"), GroupFactory(slug="b")
     for group in (first, busy):
         services.membership_add(group=group, rep=RepFactory(), actor="test")
-    admin = Client(raise_request_exception=False)
-    admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw-for-tests-only"))
+    admin = superuser_client()
     before = (list(Group.objects.order_by("pk").values()), AuditEvent.objects.count(), LogEntry.objects.count())
 
     def delete_both():
@@ -424,25 +400,11 @@ def test_a_rep_edit_waits_for_a_reassign_no_longer_than_the_lock_timeout(setting
         return http_client(token).patch(f"/api/v1/reps/{rep.pk}/", {"name": "After"}, "application/json")
 
     before = AuditEvent.objects.count()
-    outcome: dict = {}
-
-    def run() -> None:
-        started = time.monotonic()
-        outcome["response"] = edit()
-        outcome["elapsed"] = time.monotonic() - started
-        connection.close()
-
-    with transaction.atomic():
-        Rep.objects.select_for_update(no_key=True).get(pk=rep.pk)  # as lead_reassign
-        thread = threading.Thread(target=run)
-        thread.start()
-        thread.join(timeout=10)
-        waited = thread.is_alive()
-    thread.join(timeout=30)
+    # The rep's row, as lead_reassign locks it.
+    r, elapsed, waited = while_held(lambda: Rep.objects.select_for_update(no_key=True).get(pk=rep.pk), edit)
     assert not waited, "the edit waited on the rep's row as long as it was held"
-    r = outcome["response"]
     assert r.status_code == 503 and r["Retry-After"] == "1", r.content[:300]
-    assert outcome["elapsed"] < 5
+    assert elapsed < 5
     assert (Rep.objects.get(pk=rep.pk).name, AuditEvent.objects.count()) == ("Before", before)
     assert edit().status_code == 200
     assert Rep.objects.get(pk=rep.pk).name == "After"
