@@ -37,8 +37,9 @@ class LeadForm(forms.ModelForm):
         from .services import normalize_email
 
         email = self.cleaned_data["email"]
-        if self.instance.pk is not None and "email" in self.changed_data:
-            other = actions.open_duplicate(self.instance, normalize_email(email))
+        normalized = normalize_email(email)
+        if self.instance.pk is not None and normalized != self.instance.email_normalized:
+            other = actions.open_duplicate(self.instance, normalized)
             if other is not None:
                 raise forms.ValidationError(
                     "Lead %(other)s is open with this email address: close one of the two leads first.",
