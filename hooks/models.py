@@ -78,8 +78,9 @@ class IntakeSource(models.Model):
 
 
 class HookDelivery(models.Model):
-    """A verified signature, kept for the tolerance window: the same signature again is a
-    replay. The unique constraint makes that hold across processes."""
+    """A verified signed message (`signature_hash`: the sha256 of "<t>.<raw body>"), kept for
+    the tolerance window: the same message again is a replay, whichever of its signatures it
+    carries. The unique constraint makes that hold across processes."""
 
     source = models.ForeignKey(IntakeSource, on_delete=models.CASCADE, related_name="+")
     signature_hash = models.CharField(max_length=64)

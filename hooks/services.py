@@ -45,7 +45,7 @@ class BadBody(Exception):
 @dataclass(frozen=True)
 class VerifiedSignature:
     signed_at: datetime
-    digest: str  # sha256 of the matched signature: what the replay guard stores
+    digest: str  # sha256 of the signed message ("<t>.<raw body>"): what the replay guard stores
 
 
 # --- sources and secrets ---------------------------------------------------------------------
@@ -193,7 +193,9 @@ def hook_verify(*, source: IntakeSource, header: str, body: bytes, now: datetime
     if matched is None:
         raise SignatureError("The signature does not match.")
     signed_at = datetime.fromtimestamp(timestamp, tz=now.tzinfo)
-    return VerifiedSignature(signed_at=signed_at, digest=hashlib.sha256(matched.encode()).hexdigest())
+    # The message, not the v1 value that matched: during a rotation a sender signs with both
+    # secrets, and a replay keeping only the other v1 value would otherwise pass as new.
+    return VerifiedSignature(signed_at=signed_at, digest=hashlib.sha256(signed).hexdigest())
 
 
 def hook_replayed(*, source: IntakeSource, signature: VerifiedSignature) -> bool:

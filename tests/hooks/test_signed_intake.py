@@ -242,6 +242,25 @@ def test_rotation_keeps_the_previous_secret_for_the_grace_period(source, make_gr
     assert AuditEvent.objects.filter(type="client.changed", explanation__change="secret rotated").exists()
 
 
+def test_a_request_signed_with_both_secrets_cannot_be_replayed_with_one_of_them(source, make_group):
+    """During a rotation's grace period a sender signs with the new and the old secret (one
+    v1 each). Whichever of its signatures a replay keeps, the message was taken once."""
+    make_group(1, slug="emea", is_default=True)
+    old = source.test_secret
+    new = services.source_rotate_secret(source=source, actor="test")
+    source.refresh_from_db()
+    body = b'{"email": "both@acme.example"}'
+    ts = int(time.time())
+    by_new = services.sign(secret=new, body=body, timestamp=ts).split(",")[1]
+    by_old = services.sign(secret=old, body=body, timestamp=ts).split(",")[1]
+    assert post_signed(source, body, header=f"t={ts},{by_new},{by_old}").status_code == 201
+    for kept in (by_new, by_old, f"{by_old},{by_new}"):
+        r = post_signed(source, body, header=f"t={ts},{kept}")
+        assert r.status_code == 401 and "replay" in r.json()["detail"], (kept, r.content)
+    assert Lead.objects.count() == 1 and HookDelivery.objects.count() == 1
+    assert not AuditEvent.objects.filter(type="lead.duplicate").exists()
+
+
 def test_source_rate_limit_gives_429_with_retry_after(source, make_group):
     make_group(1, slug="emea", is_default=True)
     IntakeSource.objects.filter(pk=source.pk).update(rate_limit_per_minute=2)
