@@ -283,10 +283,13 @@ def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
 def hook_map(*, source: IntakeSource, payload: dict[str, Any]) -> dict[str, Any]:
     """Turns a form's fields into the lead fields of `POST /api/v1/leads/`: mapped fields by the
     source's map, fields already named like a lead field as they are, the rest dropped (they
-    stay in the raw payload). Empty values are left out; `source` defaults to the source slug."""
+    stay in the raw payload). A mapped field wins over a field named like its lead field,
+    whatever their order in the form. Empty values are left out; `source` defaults to the
+    source slug."""
     from .models import LEAD_FIELDS
 
     data: dict[str, Any] = {}
+    mapped: dict[str, Any] = {}
     attributes: dict[str, Any] = {}
     field_map = source.field_map or {}
     for key, value in payload.items():
@@ -295,8 +298,11 @@ def hook_map(*, source: IntakeSource, payload: dict[str, Any]) -> dict[str, Any]
             continue
         if target.startswith("attributes."):
             attributes[target[len("attributes.") :]] = value
+        elif field_map.get(key):
+            mapped[target] = value
         else:
             data[target] = value
+    data.update(mapped)
     if isinstance(payload.get("attributes"), dict) and "attributes" not in field_map:
         attributes = {**payload["attributes"], **attributes}
     if attributes:

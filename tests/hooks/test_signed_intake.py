@@ -87,6 +87,25 @@ def test_form_encoded_body_is_accepted(source, make_group):
     assert lead.raw_payload["junk"] == "x"  # unmapped fields are kept, not routed on
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [("your-email", "mapped@acme.example"), ("email", "named@acme.example")],
+        [("email", "named@acme.example"), ("your-email", "mapped@acme.example")],
+    ],
+)
+def test_the_sources_map_wins_over_a_form_field_named_like_the_lead_field(source, make_group, fields):
+    """Sales ops mapped `your-email` to the lead's email: a form that also has a field named
+    `email` (a newsletter box, a referrer's address) does not override it, in either order."""
+    make_group(1, slug="emea", is_default=True)
+    fields = [*fields, ("fname", "Mapped"), ("first_name", "Named")]
+    r = post_signed(source, urlencode(fields).encode(), content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 201, r.content
+    lead = Lead.objects.get(pk=r.json()["id"])
+    assert (lead.email, lead.first_name) == ("mapped@acme.example", "Mapped")
+    assert lead.raw_payload["email"] == "named@acme.example"  # kept as posted
+
+
 def test_form_escapes_that_are_not_utf8_are_a_400_not_replacement_characters(source, make_group):
     make_group(1, slug="emea", is_default=True)
     r = post_signed(
