@@ -9,7 +9,7 @@ import logging
 import random
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 SIGNATURE_TOLERANCE = timedelta(minutes=5)
 ROTATION_GRACE = timedelta(hours=24)
+MAX_PREVIOUS_SECRETS = 4  # replaced secrets still in their grace period, checked on every post
 MAX_SIGNATURE_HEADER = 1024
 
 
@@ -87,13 +88,40 @@ def source_create(
     return source, secret
 
 
+def previous_secrets(*, source: IntakeSource, now: datetime) -> list[tuple[str, datetime]]:
+    """The replaced secrets still within their grace period, newest first, with when each ends.
+
+    `previous_secret` holds one per line: the newest alone (it ends at
+    `previous_secret_expires_at`), older ones as "<secret> <unix seconds it ends>" (kept when
+    the secret is rotated again within the grace period)."""
+    if not source.previous_secret or source.previous_secret_expires_at is None:
+        return []
+    kept = []
+    for i, line in enumerate(source.previous_secret.split("\n")):
+        secret, _, ends = line.partition(" ")
+        if i == 0:
+            expires = source.previous_secret_expires_at
+        elif ends.isascii() and ends.isdigit():
+            expires = datetime.fromtimestamp(int(ends), tz=UTC)
+        else:
+            continue
+        if secret and expires > now:
+            kept.append((secret, expires))
+    return kept
+
+
 def source_rotate_secret(*, source: IntakeSource, actor: str, grace: timedelta = ROTATION_GRACE) -> str:
-    """Gives the source a new secret; the old one stays valid for `grace` so senders can switch."""
+    """Gives the source a new secret; the old one stays valid for `grace` so senders can switch.
+    A secret replaced by an earlier rotation keeps the rest of its own grace period: rotating
+    again (the new secret was lost) must not cut off the forms still signing with the old one."""
     secret = _new_secret()
     now = timezone.now()
     with transaction.atomic():
         locked = IntakeSource.objects.select_for_update().get(pk=source.pk)
-        locked.previous_secret = locked.secret
+        older = previous_secrets(source=locked, now=now)[: MAX_PREVIOUS_SECRETS - 1]
+        locked.previous_secret = "\n".join(
+            [locked.secret, *(f"{old} {int(expires.timestamp())}" for old, expires in older)]
+        )
         locked.previous_secret_expires_at = now + grace
         locked.secret, locked.secret_prefix, locked.secret_rotated_at = secret, secret[:12], now
         locked.save(
@@ -179,9 +207,7 @@ def hook_verify(*, source: IntakeSource, header: str, body: bytes, now: datetime
     timestamp, candidates = _parse_header(header)
     if abs(now.timestamp() - timestamp) > SIGNATURE_TOLERANCE.total_seconds():
         raise SignatureError("The signature's timestamp is outside the 5-minute tolerance.")
-    secrets_ = [source.secret]
-    if source.previous_secret and source.previous_secret_expires_at and source.previous_secret_expires_at > now:
-        secrets_.append(source.previous_secret)
+    secrets_ = [source.secret, *(old for old, _expires in previous_secrets(source=source, now=now))]
     signed = f"{timestamp}.".encode() + body
     matched = None
     for secret in secrets_:

@@ -261,6 +261,33 @@ def test_rotation_keeps_the_previous_secret_for_the_grace_period(source, make_gr
     assert AuditEvent.objects.filter(type="client.changed", explanation__change="secret rotated").exists()
 
 
+def test_rotating_again_within_the_grace_period_keeps_every_replaced_secret_for_its_24_hours(
+    source, make_group, monkeypatch
+):
+    """The secret shown at a rotation was lost, so sales ops rotate again (as the page says):
+    the form still signs with the first secret, which keeps its 24 hours."""
+    make_group(1, slug="emea", is_default=True)
+    first = source.test_secret
+    lost = services.source_rotate_secret(source=source, actor="test")
+    later = timezone.now() + timedelta(hours=2)
+    monkeypatch.setattr(services.timezone, "now", lambda: later)
+    third = services.source_rotate_secret(source=source, actor="test")
+    source.refresh_from_db()
+    now = int(later.timestamp())
+    for i, secret in enumerate((first, lost, third)):
+        r = post_signed(source, f'{{"email": "s{i}@acme.example"}}'.encode(), secret=secret, timestamp=now)
+        assert r.status_code == 201, (i, r.content)
+    # Each replaced secret ends 24 hours after the rotation that replaced it.
+    monkeypatch.setattr(services.timezone, "now", lambda: later + timedelta(hours=22, minutes=1))
+    now = int((later + timedelta(hours=22, minutes=1)).timestamp())
+    assert post_signed(source, b'{"email": "f@acme.example"}', secret=first, timestamp=now).status_code == 401
+    assert post_signed(source, b'{"email": "l@acme.example"}', secret=lost, timestamp=now).status_code == 201
+    monkeypatch.setattr(services.timezone, "now", lambda: later + timedelta(hours=24, minutes=1))
+    now = int((later + timedelta(hours=24, minutes=1)).timestamp())
+    assert post_signed(source, b'{"email": "l2@acme.example"}', secret=lost, timestamp=now).status_code == 401
+    assert post_signed(source, b'{"email": "t@acme.example"}', secret=third, timestamp=now).status_code == 201
+
+
 def test_a_request_signed_with_both_secrets_cannot_be_replayed_with_one_of_them(source, make_group):
     """During a rotation's grace period a sender signs with the new and the old secret (one
     v1 each). Whichever of its signatures a replay keeps, the message was taken once."""
