@@ -337,6 +337,23 @@ def hook_map(*, source: IntakeSource, payload: dict[str, Any]) -> dict[str, Any]
     return data
 
 
+def hook_errors_named(*, source: IntakeSource, payload: dict[str, Any], errors: dict[str, Any]) -> dict[str, Any]:
+    """The lead's validation errors keyed by the form fields that carried the bad values: a
+    mapped field by the name the form posted it under (`your-email`, not `email`), so that the
+    sender can tell what to fix. A field sent under the lead field's own name, or not sent,
+    keeps that name."""
+    field_map = source.field_map or {}
+    carried: dict[str, str] = {}
+    for key, value in payload.items():
+        target = field_map.get(key)
+        if target and not target.startswith("attributes.") and value is not None and value != "":
+            carried[target] = key  # the last one, as hook_map takes
+    named: dict[str, Any] = {}
+    for name, messages in errors.items():
+        named.setdefault(carried.get(name, name), []).extend(messages if isinstance(messages, list) else [messages])
+    return named
+
+
 def source_touch(*, source: IntakeSource) -> None:
     now = timezone.now()
     if source.last_used_at is None or now - source.last_used_at > timedelta(minutes=1):

@@ -181,7 +181,10 @@ class HookView(APIView):
         incoming = LeadInSerializer(
             data=services.hook_map(source=source, payload=payload), context={"lenient_types": True}
         )
-        incoming.is_valid(raise_exception=True)
+        if not incoming.is_valid():
+            raise exceptions.ValidationError(
+                services.hook_errors_named(source=source, payload=payload, errors=dict(incoming.errors))
+            )
         return dict(incoming.validated_data), payload
 
     def get_authenticate_header(self, request: Request) -> str:

@@ -227,6 +227,21 @@ def test_validation_errors_are_400_naming_the_field_and_keep_the_signature_used(
     assert Lead.objects.count() == 0 and HookDelivery.objects.count() == 1
 
 
+@pytest.mark.parametrize("content_type", ["application/json", "application/x-www-form-urlencoded"])
+def test_a_400_names_the_form_fields_that_carried_the_bad_values(source, make_group, content_type):
+    """The form posted `your-email` and `fname` (mapped to email and first_name): the error
+    names them as posted, so the sender can tell what to fix; fields posted under a lead
+    field's own name keep it."""
+    make_group(1, slug="emea", is_default=True)
+    fields = {"your-email": "not-an-address", "fname": "x" * 101, "score": "900"}
+    body = json.dumps(fields) if content_type == "application/json" else urlencode(fields)
+    r = post_signed(source, body.encode(), content_type=content_type)
+    assert r.status_code == 400, r.content
+    assert set(r.json()) == {"your-email", "fname", "score"}, r.json()
+    assert "valid email" in r.json()["your-email"][0]
+    assert not Lead.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "status"),
     [
