@@ -302,7 +302,13 @@ def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
             raise BadBody("The body is not valid form data (UTF-8, at most 200 fields).") from None
         if any("\x00" in key or "\x00" in value for key, value in pairs):
             raise BadBody(_NUL)
-        return dict(pairs)  # a repeated field keeps its last value
+        # A repeated field keeps its last value, but an empty one never erases a value typed
+        # in another of its boxes (`fname=Jane&fname=`).
+        fields: dict[str, str] = {}
+        for key, value in pairs:
+            if value or key not in fields:
+                fields[key] = value
+        return fields
     raise UnsupportedBody(f"Unsupported content type '{media[:100]}': send application/json or form data.")
 
 

@@ -106,6 +106,19 @@ def test_the_sources_map_wins_over_a_form_field_named_like_the_lead_field(source
     assert lead.raw_payload["email"] == "named@acme.example"  # kept as posted
 
 
+def test_a_repeated_form_field_left_empty_does_not_erase_the_value_typed_in_another(source, make_group):
+    """A form holding a field twice (a visible box and a hidden one, two steps of a wizard)
+    posts `fname=Jane&fname=`: the visitor's answer is kept, in the lead and in its raw
+    payload. Of two values, the last one still wins (a hidden 0 before a checked box's 1)."""
+    make_group(1, slug="emea", is_default=True)
+    body = b"your-email=&your-email=jane%40acme.example&fname=Jane&fname=&consent=0&consent=1"
+    r = post_signed(source, body, content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 201, r.content
+    lead = Lead.objects.get(pk=r.json()["id"])
+    assert (lead.email, lead.first_name) == ("jane@acme.example", "Jane")
+    assert lead.raw_payload == {"your-email": "jane@acme.example", "fname": "Jane", "consent": "1"}
+
+
 def test_form_escapes_that_are_not_utf8_are_a_400_not_replacement_characters(source, make_group):
     make_group(1, slug="emea", is_default=True)
     r = post_signed(
