@@ -1,5 +1,6 @@
 """Pieces every app's API shares."""
 
+import codecs
 import json
 import math
 import re
@@ -195,7 +196,15 @@ class StrictJSONParser(parsers.JSONParser):
             # bytes.decode, not codecs.getreader: it takes text encodings only, where a reader
             # of rot13, zlib, bz2 or quopri fails in ways of its own (TypeError, zlib.error,
             # OSError) and one of base64 decodes into bytes.
-            return json_loads_client(stream.read().decode(encoding))
+            text = stream.read().decode(encoding)
+            if codecs.lookup(encoding).name != "utf-8":
+                # UTF-8 never decodes to a lone surrogate; unicode_escape or utf-7 can, from
+                # plain ASCII, leaving no "\ud800" escape for json_loads_client to find.
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError("the body holds a lone UTF-16 surrogate (\\ud800-\\udfff)") from None
+            return json_loads_client(text)
         except LookupError:
             raise ParseError(f"JSON parse error - '{encoding[:40]}' is not a text encoding: send UTF-8.") from None
         except ValueError as exc:  # UnicodeDecodeError included

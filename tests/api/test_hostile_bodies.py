@@ -125,3 +125,23 @@ def test_a_body_in_the_charset_it_names_is_taken(api, make_group):
     r = api.post("/api/v1/leads/", body.encode("latin-1"), content_type="application/json; charset=latin-1")
     assert r.status_code == 201, r.content
     assert Lead.objects.get().first_name == "Zoé"
+
+
+@pytest.mark.parametrize(
+    ("charset", "body"),
+    [
+        # These codecs turn what is plain ASCII on the wire into a lone surrogate in the text,
+        # with no "\ud800" escape left for the JSON checks to see.
+        ("unicode_escape", rb'{"email": "esc@customer.example", "attributes": {"k": "\ud800"}}'),
+        ("raw_unicode_escape", rb'{"email": "esc@customer.example", "\udfff": 1}'),
+        ("utf-7", b'{"email": "esc@customer.example", "attributes": {"k": "+2AA-"}}'),
+    ],
+)
+@pytest.mark.parametrize("path", ["/api/v1/leads/", "/api/v1/routing/simulate/", "/api/v1/groups/"])
+def test_a_lone_surrogate_made_by_the_named_charset_is_a_400(api, make_group, path, charset, body):
+    make_group(1, slug="north", is_default=True)
+    for headers in ({}, {"Idempotency-Key": "charset-1"}):
+        r = api.post(path, body, content_type=f"application/json; charset={charset}", headers=headers)
+        assert r.status_code == 400, r.content
+        assert "surrogate" in r.json()["detail"]
+    assert not Lead.objects.exists() and Group.objects.count() == 1
