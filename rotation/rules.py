@@ -114,7 +114,7 @@ def _never_matches(field: str, op: str, value: Any) -> str | None:
         return f"attribute names are at most {MAX_ATTRIBUTE_KEY} characters."
     values = value if op in ("in", "not_in") else [value] if op == "equals" else []
     if field == "country":
-        bad = [v for v in values if not isinstance(v, str) or v.upper() not in COUNTRY_CODES]
+        bad = [v for v in values if not isinstance(v, str) or not v.isascii() or v.upper() not in COUNTRY_CODES]
         if bad:
             return f"country values are ISO 3166 alpha-2 codes (FR, US, ...), not {bad[0]!r}."
     if field in NUMERIC_FIELDS:

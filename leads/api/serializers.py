@@ -88,7 +88,8 @@ class LeadInSerializer(StrictSerializer):
         return ascii_email(value)
 
     def validate_country(self, value: str) -> str:
-        code = value.strip().upper()
+        # ASCII first: upper() turns the dotless "ı" and the long "ſ" into I and S.
+        code = value.strip().upper() if value.isascii() else "?"
         if code and code not in COUNTRY_CODES:
             raise serializers.ValidationError(f"'{value}' is not an ISO 3166-1 alpha-2 country code.")
         return code

@@ -115,6 +115,9 @@ def test_default_group_takes_unmatched_leads(api, make_group):
         ({"email": "a@b.example", "company_size": True}, {"company_size"}),
         ({"email": "a@b.example", "country": "XX"}, {"country"}),
         ({"email": "a@b.example", "country": "FRA"}, {"country"}),
+        # Letters that upper() turns into ASCII: the dotless i and the long s.
+        ({"email": "a@b.example", "country": "\u0131t"}, {"country"}),
+        ({"email": "a@b.example", "country": "\u017fe"}, {"country"}),
         ({"email": "a@b.example", "first_name": "Ja\x00ne"}, {"first_name"}),
         ({"email": "a@b.example", "company": "x" * 201}, {"company"}),
         ({"email": "a@b.example", "attributes": {"nested": {"a": 1}}}, {"attributes"}),

@@ -87,6 +87,7 @@ def test_condition_table(field, op, value, holds):
         ([{"field": "country", "op": "equals", "value": "FR", "x": 1}], "unknown keys"),
         # Well formed, but no lead could ever match: refused too.
         ([{"field": "country", "op": "equals", "value": "France"}], "ISO 3166 alpha-2 codes"),
+        ([{"field": "country", "op": "in", "value": ["\u0131t"]}], "ISO 3166 alpha-2 codes"),
         ([{"field": "country", "op": "in", "value": ["FR", "Germany"]}], "not 'Germany'"),
         ([{"field": "country", "op": "not_in", "value": [5]}], "ISO 3166"),
         ([{"field": "score", "op": "equals", "value": "high"}], "score is a number"),
