@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -12,6 +13,9 @@ from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import BaseParser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -58,12 +62,29 @@ def render_hook_result(lead: Lead, duplicate_of: int | None) -> bytes:
     return json.dumps(body).encode()
 
 
+class AnswerInJSON(BaseContentNegotiation):
+    """A hook answers JSON whatever the sender's Accept header asks for: refusing the lead
+    (406) over the format of its receipt would lose a visitor's form for nothing. The body is
+    read raw (`hook_parse`), so no parser is chosen here."""
+
+    def select_parser(self, request: Request, parsers: Iterable[BaseParser]) -> None:
+        return None
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
+
+
 class HookView(APIView):
     """Takes a lead from a signed web form and routes it like `POST /api/v1/leads/`."""
 
     authentication_classes: list = []
     permission_classes: list = []
     throttle_classes: list = []  # limited per source, after the signature is verified
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = AnswerInJSON
 
     @extend_schema(
         operation_id="hooks_create",

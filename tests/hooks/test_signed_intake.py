@@ -77,6 +77,31 @@ def test_signed_json_is_mapped_and_routed_like_the_api(source, make_group):
     assert source.last_used_at is not None
 
 
+@pytest.mark.parametrize("accept", ["text/html", "application/xml", "text/html, application/xhtml+xml"])
+def test_a_sender_asking_for_another_format_still_has_its_lead_taken(source, make_group, accept):
+    """The hook answers JSON whatever the Accept header says: a form service that asks for
+    HTML must not have its visitor's lead refused (406) over the format of the receipt."""
+    make_group(1, slug="emea", is_default=True)
+    body = json.dumps({"your-email": "jane@acme.example"}).encode()
+    ts = int(time.time())
+    r = Client().post(
+        f"/api/v1/hooks/{source.slug}/",
+        body,
+        content_type="application/json",
+        headers={"X-Signature": services.sign(secret=source.test_secret, body=body, timestamp=ts), "Accept": accept},
+    )
+    assert r.status_code == 201, r.content
+    assert r["Content-Type"] == "application/json" and Lead.objects.count() == 1
+    # Its refusals are JSON too.
+    bad = Client().post(
+        f"/api/v1/hooks/{source.slug}/",
+        body,
+        content_type="application/json",
+        headers={"X-Signature": "x", "Accept": accept},
+    )
+    assert bad.status_code == 401 and bad.json()["detail"]
+
+
 def test_form_encoded_body_is_accepted(source, make_group):
     make_group(1, slug="emea", is_default=True)
     body = urlencode({"your-email": "form@acme.example", "company": "Acme", "score": "42", "junk": "x"}).encode()
