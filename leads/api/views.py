@@ -103,7 +103,8 @@ def render_lead(lead: Lead, duplicate_of: int | None) -> bytes:
 
 # A duplicate is answered with the open lead another request sent in: to a token that may not
 # read leads (an intake-only one, a web form's), without what that sender said about the
-# contact, which GET /api/v1/leads/{id}/ would refuse it. The email (the one it sent) stays.
+# contact, which GET /api/v1/leads/{id}/ would refuse it. The email stays: the sender's own
+# address, normalised alike (its spelling is the open lead's).
 _UNREADABLE: dict[str, Any] = {
     **dict.fromkeys(("first_name", "last_name", "company", "phone", "country", "region"), ""),
     **dict.fromkeys(("source", "product", "external_id"), ""),
