@@ -161,6 +161,15 @@ def _breach_count_if_late(assignment: Assignment, now: datetime) -> None:
     transaction.on_commit(record, robust=True)
 
 
+def _miss_run_ends_if_in_time(assignment: Assignment, now: datetime) -> None:
+    """The lead was dealt with by its due time (accepted, or closed while still its rep's and
+    unaccepted): the rep's run of consecutive SLA misses in the group is over. Past its due
+    time the SLA was missed (as the dashboard counts it), escalated or not: the run goes on."""
+    if assignment.group_id is None or (assignment.due_at is not None and now > assignment.due_at):
+        return
+    Membership.objects.filter(group_id=assignment.group_id, rep_id=assignment.rep_id).update(consecutive_misses=0)
+
+
 def _assign(
     lead: Lead, *, rep_id: int, group: Group | None, reason: str, now: datetime, over_cap: bool = False
 ) -> Assignment:
@@ -453,8 +462,8 @@ def lead_accept(*, lead_id: int, rep_id: int, actor: str) -> Lead:
             _breach_count_if_late(assignment, now)
         lead.status, lead.accepted_at = LeadStatus.ACCEPTED, now
         lead.save(update_fields=["status", "accepted_at"])
-        if lead.group_id is not None:
-            Membership.objects.filter(group_id=lead.group_id, rep_id=rep_id).update(consecutive_misses=0)
+        if assignment is not None:
+            _miss_run_ends_if_in_time(assignment, now)
         due = assignment.due_at if assignment else None
         audit_record_many(
             events=[
@@ -673,6 +682,8 @@ def lead_close(*, lead_id: int, outcome: str, actor: str, only_queued: bool = Fa
         was = lead.status
         previous = _open_assignment(lead)
         _end(previous, now, "closed")
+        if previous is not None and previous.accepted_at is None:
+            _miss_run_ends_if_in_time(previous, now)
         lead.status, lead.outcome, lead.closed_at, lead.queue_reason = LeadStatus.CLOSED, outcome, now, ""
         lead.save(update_fields=LEAD_ROUTING_FIELDS)
         audit_record_many(

@@ -109,6 +109,45 @@ def test_auto_pause_is_off_by_default_and_accept_resets_the_count(api, make_grou
     assert Membership.objects.get(pk=member.pk).consecutive_misses == 0
 
 
+def _miss(api, group_slug: str) -> None:
+    lead = post(api, group=group_slug)
+    Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    assert actions.escalation_sweep() == {"queued": 1}
+
+
+@pytest.mark.django_db
+def test_a_lead_closed_by_its_due_time_ends_the_run_of_misses(api, make_group):
+    group, (rep,) = make_group(1, slug="emea", sla_minutes="10", max_attempts=1, auto_pause_after_misses=3)
+    member = Membership.objects.get(group=group, rep=rep)
+    _miss(api, "emea")
+    _miss(api, "emea")
+    handled = post(api, group="emea")  # worked and closed (won) before its SLA, never "accepted"
+    assert api.post(f"/api/v1/leads/{handled['id']}/close/", {"outcome": "won"}, format="json").status_code == 200
+    assert Membership.objects.get(pk=member.pk).consecutive_misses == 0
+    _miss(api, "emea")  # 1 in a row, not 3: still in the rotation
+    member.refresh_from_db()
+    assert member.active and member.consecutive_misses == 1
+
+
+@pytest.mark.django_db
+def test_a_lead_settled_after_its_due_time_does_not_end_the_run_of_misses(api, make_group):
+    group, (rep,) = make_group(1, slug="emea", sla_minutes="10", max_attempts=1, auto_pause_after_misses=3)
+    member = Membership.objects.get(group=group, rep=rep)
+    _miss(api, "emea")
+    late = post(api, group="emea")  # accepted after its due time, before the timer fired: a miss too
+    Assignment.objects.filter(lead_id=late["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.lead_accept(lead_id=late["id"], rep_id=rep.id, actor="test")
+    closed = post(api, group="emea")
+    Assignment.objects.filter(lead_id=closed["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.lead_close(lead_id=closed["id"], outcome="lost", actor="test")
+    assert Membership.objects.get(pk=member.pk).consecutive_misses == 1
+    accepted = post(api, group="emea")
+    actions.lead_accept(lead_id=accepted["id"], rep_id=rep.id, actor="test")
+    _miss(api, "emea")
+    actions.lead_close(lead_id=accepted["id"], outcome="won", actor="test")  # accepted long ago: no news
+    assert Membership.objects.get(pk=member.pk).consecutive_misses == 1
+
+
 # --- after commit, on a real worker ----------------------------------------------------------
 
 
