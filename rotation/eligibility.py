@@ -68,7 +68,15 @@ def validate_working_hours(value: Any) -> dict[str, list[list[str]]] | None:
             except ValueError:
                 raise ValueError(f"{day}: times must be HH:MM (00:00 to 24:00).") from None
             if end <= start:
-                raise ValueError(f"{day}: a span must end after it starts ({span[0]}-{span[1]}).")
+                hint = ""
+                if end == time.min:
+                    hint = ' Midnight at the end of the day is "24:00".'
+                elif end < start:  # an overnight shift: each day holds its own part
+                    first, then = _padded(span[0]), _padded(span[1])
+                    hint = (
+                        f' A span past midnight is two: ["{first}", "24:00"], and ["00:00", "{then}"] on the next day.'
+                    )
+                raise ValueError(f"{day}: a span must end after it starts ({span[0]}-{span[1]}).{hint}")
             out.append([_padded(span[0]), _padded(span[1])])  # "9:00" is stored as "09:00"
         cleaned[day] = out
     return cleaned

@@ -192,6 +192,20 @@ def test_bad_working_hours_are_400(api, make_group, hours):
     assert r.status_code == 400 and "working_hours" in r.json()
 
 
+@pytest.mark.parametrize(
+    ("span", "hint"),
+    [
+        (["22:00", "6:00"], 'A span past midnight is two: ["22:00", "24:00"], and ["00:00", "06:00"] on the next day.'),
+        (["09:00", "00:00"], 'Midnight at the end of the day is "24:00".'),
+    ],
+)
+def test_a_span_past_midnight_is_refused_with_how_to_enter_it(api, make_group, span, hint):
+    _, (rep,) = make_group(1)
+    r = api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": {"fri": [span]}}, format="json")
+    assert r.status_code == 400
+    assert r.json()["working_hours"] == [f"fri: a span must end after it starts ({span[0]}-{span[1]}). {hint}"]
+
+
 def test_working_hours_are_stored_as_hh_mm(api, make_group):
     _, (rep,) = make_group(1)
     r = api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": {"mon": [["9:00", "24:00"]]}}, format="json")
