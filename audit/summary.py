@@ -76,6 +76,8 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
         if e.get("requested_group"):
             text += f", asking for group {e['requested_group']}"
         return text + "."
+    if type == "lead.changed" and e.get("because"):
+        return f"SLA due time cleared: {e['because']}."
     if type == "lead.changed":
         return f"Contact fields edited: {', '.join(e.get('fields') or [])}; the lead was not moved."
     if not type.startswith("lead.") and isinstance(e.get("action"), str):

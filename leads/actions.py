@@ -232,6 +232,9 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     assignment = Assignment.objects.get(pk=assignment_id)  # the truth, read under the locks
     if assignment.ended_at is not None or assignment.accepted_at is not None or assignment.due_at is None:
         return EscalationResult("done", lead_id=lead_id)
+    if state is not None and state.group.sla_minutes is None:
+        _sla_removed(lead, assignment, actor)
+        return EscalationResult("done", lead_id=lead_id)
     now = timezone.now()
     if assignment.due_at > now:
         return EscalationResult("not_due", due_at=assignment.due_at, lead_id=lead_id)
@@ -306,6 +309,35 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     transaction.on_commit(lambda: _escalation_counted(slug, outcome))
     logger.info("lead %s escalated from rep %s to %s", lead.id, missed_rep, new_rep or "the queue")
     return EscalationResult("escalated" if new_rep else "queued", lead_id=lead.id)
+
+
+def _sla_removed(lead: Lead, assignment: Assignment, actor: str) -> None:
+    """The group's SLA was removed after this assignment was made: nobody in the group is held
+    to a deadline any more, so the lead stays with its rep and the due time goes (the sweep no
+    longer finds it). A new SLA applies to the assignments made after it."""
+    due = assignment.due_at
+    assignment.due_at = None
+    assignment.save(update_fields=["due_at"])
+    lead.sla_due_at = None
+    lead.save(update_fields=["sla_due_at"])
+    audit_record_many(
+        events=[
+            Event(
+                AuditEvent.Type.LEAD_CHANGED,
+                actor,
+                lead.id,
+                lead.group.slug if lead.group else "",
+                assignment.rep_id,
+                {
+                    "fields": ["sla_due_at"],
+                    "moved": False,
+                    "because": "the group's SLA was removed; the lead stays with its rep",
+                    "attempt": assignment.attempt,
+                    "before": {"sla_due_at": _iso(due)},
+                },
+            )
+        ]
+    )
 
 
 def _escalation_counted(group: str, outcome: str) -> None:

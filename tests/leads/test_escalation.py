@@ -12,6 +12,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from audit.summary import event_summary
 from leads import scheduling
 from leads.models import Assignment, Lead
 from rotation.models import Membership
@@ -219,3 +220,24 @@ def test_redis_stopped_and_restarted_loses_nothing(api, make_group, celery_worke
     for lead in leads:
         assert len(escalations_of(lead["id"], 1)) == 1
         check_history(lead["id"])
+
+
+def test_a_lead_waiting_when_the_groups_sla_is_removed_is_not_escalated(api, make_group, celery_worker):
+    group, reps = make_group(2, slug="fast", sla_minutes="0.03")
+    lead = post(api, group="fast")
+    assignment = Assignment.objects.get(lead_id=lead["id"])
+    r = api.patch("/api/v1/groups/fast/", {"sla_minutes": None}, format="json")
+    assert r.status_code == 200, r.content
+    # Its timer still fires at the old due time: it finds no SLA to enforce and clears the due time.
+    assert wait_for(lambda: Lead.objects.get(pk=lead["id"]).sla_due_at is None, timeout=10), celery_worker.log()
+    time.sleep(2.5)  # and two sweeps have run since
+    stored = Lead.objects.get(pk=lead["id"])
+    assert stored.status == "assigned" and stored.owner_id == reps[0].id and stored.escalations == 0
+    assert escalations(lead["id"]) == []
+    assignment.refresh_from_db()
+    assert assignment.ended_at is None and assignment.due_at is None
+    (event,) = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.changed")
+    assert event.explanation["fields"] == ["sla_due_at"] and "SLA was removed" in event.explanation["because"]
+    summary = event_summary(type=event.type, explanation=event.explanation, rep_id=event.rep_id, names={})
+    assert summary == "SLA due time cleared: the group's SLA was removed; the lead stays with its rep."
+    assert api.get(f"/api/v1/leads/{lead['id']}/").json()["sla_due_at"] is None
