@@ -51,6 +51,9 @@ def validate_working_hours(value: Any) -> dict[str, list[list[str]]] | None:
         return None
     if not isinstance(value, dict):
         raise ValueError('Working hours must be an object like {"mon": [["09:00", "17:30"]]} or null.')
+    if not value:
+        # Read as "only the days listed", it would be a rep who never takes a lead; "always" is null.
+        raise ValueError('No day is listed: use null for "always", or give the days\' hours.')
     cleaned: dict[str, list[list[str]]] = {}
     for day, spans in value.items():
         if day not in DAYS:

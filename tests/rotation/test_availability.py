@@ -11,7 +11,7 @@ from audit.models import AuditEvent
 from leads.models import Assignment, Lead
 from leads.routing import day_start, week_start
 from rotation.eligibility import DAYS, MemberFacts, eligibility, within_working_hours
-from rotation.models import Absence, Membership
+from rotation.models import Absence, Membership, Rep
 from tests.conftest import lead_body
 
 pytestmark = pytest.mark.django_db
@@ -204,6 +204,28 @@ def test_a_span_past_midnight_is_refused_with_how_to_enter_it(api, make_group, s
     r = api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": {"fri": [span]}}, format="json")
     assert r.status_code == 400
     assert r.json()["working_hours"] == [f"fri: a span must end after it starts ({span[0]}-{span[1]}). {hint}"]
+
+
+def test_working_hours_with_no_day_listed_are_a_400_not_always(api, make_group):
+    # Built from a form with no day ticked, {} meant "no hours"; it was read as "always".
+    group, (rep,) = make_group(1, slug="pool")
+    r = api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": {}}, format="json")
+    assert r.status_code == 400
+    assert r.json() == {"working_hours": ['No day is listed: use null for "always", or give the days\' hours.']}
+    assert Rep.objects.get(pk=rep.pk).working_hours is None
+
+
+def test_working_hours_stored_as_an_empty_object_become_null_and_the_rep_stays_editable(api, make_group):
+    from importlib import import_module
+
+    from django.apps import apps
+
+    _, (rep,) = make_group(1)
+    Rep.objects.filter(pk=rep.pk).update(working_hours={})
+    import_module("rotation.migrations.0006_working_hours_empty_object_is_null").forward(apps, None)
+    assert Rep.objects.get(pk=rep.pk).working_hours is None
+    r = api.patch(f"/api/v1/reps/{rep.id}/", {"name": "Renamed"}, format="json")
+    assert r.status_code == 200, r.content
 
 
 def test_working_hours_are_stored_as_hh_mm(api, make_group):
