@@ -127,7 +127,9 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
     group.full_clean()
     group.save()
     RotationState.objects.get_or_create(group=group)
-    if group.active and (change.created or GROUP_FREES_CAPACITY.intersection(change.fields)):
+    # Leads kept in the queue for their account's owner may go to the rotation now.
+    to_rotation = "owner_match_fallback_to_rotation" in change.fields and group.owner_match_fallback_to_rotation
+    if group.active and (change.created or to_rotation or GROUP_FREES_CAPACITY.intersection(change.fields)):
         # A group (re)activated routes its queued leads; a new time zone moves its day (the
         # daily caps start again), and more attempts let escalated-out leads back in.
         capacity_freed(group_ids=[group.pk])

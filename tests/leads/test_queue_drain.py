@@ -225,6 +225,21 @@ def test_a_lead_kept_for_its_account_owner_goes_to_the_owner_when_back(api, make
 
 
 @pytest.mark.django_db
+def test_a_lead_kept_for_its_account_owner_goes_to_the_rotation_once_the_group_falls_back(api, make_group):
+    from rotation.models import Account
+
+    group, reps = make_group(2, slug="emea", owner_match_fallback_to_rotation=False)
+    Account.objects.create(domain="bigco.example", owner=reps[1])
+    Membership.objects.filter(group=group, rep=reps[1]).update(active=False)
+    kept = post(api, group="emea", email="cfo@bigco.example")
+    assert kept["status"] == "queued"
+    r = api.patch("/api/v1/groups/emea/", {"owner_match_fallback_to_rotation": True}, format="json")
+    assert r.status_code == 200, r.content
+    assert actions.queue_drain(group_id=group.id) == 1
+    assert Lead.objects.get(pk=kept["id"]).owner_id == reps[0].id
+
+
+@pytest.mark.django_db
 def test_leads_kept_for_an_owner_never_block_the_leads_behind_them(api, make_group, settings):
     from rotation.models import Account
 
@@ -325,6 +340,8 @@ def test_group_changes_that_free_capacity_ask_for_a_drain(api, make_group, drain
         ({"max_attempts": 5}, False),  # sent again unchanged
         ({"timezone": "Asia/Tokyo"}, True),  # another day boundary: daily caps start again
         ({"name": "EMEA inbound"}, False),
+        ({"owner_match_fallback_to_rotation": False}, False),  # leads now wait for their owner
+        ({"owner_match_fallback_to_rotation": True}, True),  # those waiting may go to the rotation
     ]
     for body, expected in cases:
         drains.clear()
