@@ -170,6 +170,9 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
         # A rep re-activated, or now within its hours, takes leads: drain its groups' queues
         # after commit.
         capacity_freed(group_ids=Membership.objects.filter(rep=rep).values_list("group_id", flat=True))
+    if not rep.active and "active" in change.fields and Account.objects.filter(owner=rep).exists():
+        # Only an active rep owns its accounts' leads: those held for this one are free now.
+        _owner_kept_leads_freed()
     if not change.fields:
         return rep
     # The e-mail too: it is where the rep's leads are announced.
@@ -399,6 +402,15 @@ def rule_delete(*, rule: RoutingRule, actor: str) -> None:
 # --- accounts (sticky routing) ---------------------------------------------------------------
 
 
+def _owner_kept_leads_freed() -> None:
+    """An account's owner or domain changed: the leads a group keeps queued for an account
+    owner (`owner_match_fallback_to_rotation` off) may be routed now, to the new owner or
+    through the rotation. Only those groups keep such leads; draining one with none is a read."""
+    capacity_freed(
+        group_ids=Group.objects.filter(owner_match_fallback_to_rotation=False, active=True).values_list("pk", flat=True)
+    )
+
+
 @transaction.atomic
 def account_save(*, account: Account, actor: str, changed: Iterable[str] | None = None) -> Account:
     account.domain = domain_unicode(account.domain)
@@ -407,6 +419,8 @@ def account_save(*, account: Account, actor: str, changed: Iterable[str] | None 
     account.save()
     if change.created:
         change.fields = ["domain", "name", "owner_id"]
+    elif {"domain", "owner_id"}.intersection(change.fields):
+        _owner_kept_leads_freed()  # held for the old owner (or domain): they may go elsewhere now
     if not change.fields:
         return account
     audit_record(
@@ -422,6 +436,7 @@ def account_save(*, account: Account, actor: str, changed: Iterable[str] | None 
 def account_delete(*, account: Account, actor: str) -> None:
     domain, owner_id = account.domain, account.owner_id
     account.delete()
+    _owner_kept_leads_freed()  # leads held for its owner now go through the rotation
     audit_record(
         type=AuditEvent.Type.ACCOUNT_CHANGED,
         actor=actor,

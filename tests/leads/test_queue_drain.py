@@ -333,6 +333,43 @@ def test_a_rep_whose_hours_now_take_in_the_present_asks_for_a_drain(
 
 
 @pytest.mark.django_db
+def test_account_changes_drain_the_groups_that_keep_leads_for_an_owner(
+    make_group, drains, django_capture_on_commit_callbacks
+):
+    """A lead kept queued for an account's owner is free once the account moves to another
+    owner or domain, is deleted, or its owner is switched off: the groups that keep such
+    leads are drained at once, not at the next backstop sweep."""
+    from rotation.models import Account
+
+    keeping, reps = make_group(2, slug="emea", owner_match_fallback_to_rotation=False)
+    make_group(1, slug="amer")  # falls back on the rotation: never keeps a lead for an owner
+    account = Account.objects.create(domain="bigco.example", owner=reps[1])
+
+    def save(**values):
+        for name, value in values.items():
+            setattr(account, name, value)
+        services.account_save(account=account, actor="t", changed=list(values))
+
+    def switch_off_owner():
+        reps[1].active = False
+        services.rep_save(rep=reps[1], actor="t", changed=["active"])
+
+    cases = [
+        (lambda: save(name="BigCo"), False),
+        (lambda: save(owner=reps[0]), True),
+        (lambda: save(domain="bigco.test"), True),
+        (lambda: save(owner=reps[1]), True),
+        (switch_off_owner, True),
+        (lambda: services.account_delete(account=account, actor="t"), True),
+    ]
+    for change, expected in cases:
+        drains.clear()
+        with django_capture_on_commit_callbacks(execute=True):
+            change()
+        assert drains == ([keeping.id] if expected else []), change
+
+
+@pytest.mark.django_db
 def test_group_changes_that_free_capacity_ask_for_a_drain(api, make_group, drains, django_capture_on_commit_callbacks):
     group, _ = make_group(1, slug="emea")
     cases = [
