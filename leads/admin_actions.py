@@ -120,6 +120,8 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
         "leads": queryset.order_by("id")[:200],
         "count": queryset.count(),
         "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+        # "Select all N": posted back, or the confirmation would act on the ticked page only.
+        "select_across": request.POST.get("select_across") == "1",
         "action": "assign_to_rep",
         "opts": modeladmin.model._meta,
         "action_checkbox_name": ACTION_CHECKBOX_NAME,

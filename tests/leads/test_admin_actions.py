@@ -66,6 +66,27 @@ def test_queue_bulk_close_and_reroute(api, make_group, manager):
     assert AuditEvent.objects.filter(type="lead.rerouted", actor="admin:maria").count() == 2
 
 
+def test_assigning_every_queued_lead_across_pages_assigns_them_all(api, make_group, manager):
+    """ "Select all 130 leads" and "Assign to a rep…": the confirmation page said 130 leads,
+    but its form posted back only the 100 ticked on the first page, so 30 stayed queued while
+    the message read "100 lead(s) assigned"."""
+    from tests.security.test_admin_roles import form_of
+
+    group, reps, ids = queued_leads(api, make_group, 130)
+    url = "/admin/leads/queuedlead/"
+    on_page = [str(lead.pk) for lead in manager.get(url).context["cl"].result_list]
+    assert len(on_page) == 100
+    page = manager.post(
+        url, {"action": "assign_to_rep", "select_across": "1", "index": "0", "_selected_action": on_page}
+    )
+    assert page.status_code == 200 and "Assign 130 leads" in page.content.decode()
+    data = form_of(page)  # what the browser posts back from the confirmation page
+    data.update({"rep": [str(reps[1].id)], "reason": ["whole queue to the on-call rep"]})
+    done = manager.post(url, data, follow=True)
+    assert [str(m) for m in done.context["messages"]][0] == f"130 lead(s) assigned to {reps[1].name}."
+    assert set(Lead.objects.filter(pk__in=ids).values_list("status", "owner_id")) == {("assigned", reps[1].id)}
+
+
 def test_route_again_says_when_a_lead_is_back_in_the_queue(api, make_group, manager):
     """ "Route again" on a lead that still has no eligible rep said only "1 lead(s) routed
     again", while the lead went straight back to the queue."""
