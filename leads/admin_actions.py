@@ -92,7 +92,11 @@ def _run_each(
     if ok:
         modeladmin.message_user(request, f"{ok} lead(s) {done}.", messages.SUCCESS)
     if failed:
-        modeladmin.message_user(request, "Not done: " + " ".join(failed[:20]), messages.ERROR)
+        # Every refusal counted, the first 20 said: a manager must not read 20 as all of them.
+        more = f" and {len(failed) - 20} more." if len(failed) > 20 else ""
+        modeladmin.message_user(
+            request, f"Not done for {len(failed)} lead(s): " + " ".join(failed[:20]) + more, messages.ERROR
+        )
 
 
 @admin.action(description="Assign selected leads to a rep…", permissions=["change"])

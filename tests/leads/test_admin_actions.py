@@ -87,6 +87,21 @@ def test_assigning_every_queued_lead_across_pages_assigns_them_all(api, make_gro
     assert set(Lead.objects.filter(pk__in=ids).values_list("status", "owner_id")) == {("assigned", reps[1].id)}
 
 
+def test_a_bulk_action_that_fails_on_many_leads_says_how_many(api, make_group, manager):
+    """Past 20 refusals the message listed the first 20 and said nothing of the rest: closing 30
+    leads of which 25 were closed already read as 5 done and 20 not done."""
+    group, reps = make_group(1, slug="emea")
+    ids = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"] for _ in range(30)]
+    for lead_id in ids[:25]:
+        api.post(f"/api/v1/leads/{lead_id}/close/", {"outcome": "won"}, format="json")
+    r = manager.post("/admin/leads/lead/", {"action": "close_lost", "_selected_action": ids}, follow=True)
+    shown = [str(m) for m in r.context["messages"]]
+    assert shown[0] == "5 lead(s) closed as lost."
+    assert shown[1].startswith(f"Not done for 25 lead(s): #{ids[0]}: "), shown[1]
+    assert f"#{ids[19]}: " in shown[1] and f"#{ids[20]}: " not in shown[1]
+    assert shown[1].endswith(" and 5 more."), shown[1]
+
+
 def test_route_again_says_when_a_lead_is_back_in_the_queue(api, make_group, manager):
     """ "Route again" on a lead that still has no eligible rep said only "1 lead(s) routed
     again", while the lead went straight back to the queue."""
