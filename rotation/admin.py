@@ -12,8 +12,10 @@ from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.utils import timezone
+from rest_framework import serializers
 
 from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin
+from routing_project.api import ascii_email
 
 from . import services
 from .domains import domain_unicode
@@ -217,8 +219,23 @@ class AbsenceInline(admin.TabularInline):
         return formset
 
 
+class RepForm(forms.ModelForm):
+    class Meta:
+        model = Rep
+        fields = ("name", "email", "user", "timezone", "active", "working_hours")
+
+    def clean_email(self) -> str:
+        # As the API stores it: the domain in ASCII (IDNA), so that one mailbox is one rep
+        # however its domain was typed, and every answer holding the address is an `email`.
+        try:
+            return ascii_email(self.cleaned_data["email"])
+        except serializers.ValidationError as exc:
+            raise forms.ValidationError(exc.detail) from None
+
+
 @admin.register(Rep)
 class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+    form = RepForm
     list_display = ("name", "email", "timezone", "active", "user")
     list_filter = ("active",)
     search_fields = ("name", "email")

@@ -230,3 +230,25 @@ def test_a_member_whose_rep_is_no_id_is_a_form_error(make_group):
     r = client.post(url, data)
     assert r.status_code == 200 and b"errorlist" in r.content, r.content[:300]
     assert group.memberships.get().rep_id == rep.pk
+
+
+def test_a_reps_email_domain_is_stored_in_ascii_as_the_api_stores_it(api):
+    """The API stores `ana@bücher.example` as `ana@xn--bcher-kva.example`; the admin kept the
+    Unicode form, so the same mailbox could be two reps (one from each side) and the API
+    answered an address that is no schema `email`."""
+    made = api.post("/api/v1/reps/", {"name": "Ana", "email": "ana@bücher.example"}, format="json")
+    assert made.status_code == 201 and made.json()["email"] == "ana@xn--bcher-kva.example"
+    client = staff(SALES_OPS)
+    form = {"name": "Ana again", "email": "Ana@Bücher.example", "timezone": "UTC", "active": "on"}
+    form.update({"working_hours": "null", "absences-TOTAL_FORMS": "0", "absences-INITIAL_FORMS": "0"})
+    r = client.post("/admin/rotation/rep/add/", form)
+    assert r.status_code == 200 and "already exists" in r.content.decode()
+    assert Rep.objects.count() == 1
+
+    form.update({"name": "Bo", "email": "bo@bücher.example"})
+    assert client.post("/admin/rotation/rep/add/", form).status_code == 302
+    bo = Rep.objects.get(name="Bo")
+    assert bo.email == "bo@xn--bcher-kva.example"
+    assert api.get(f"/api/v1/reps/{bo.pk}/").json()["email"] == "bo@xn--bcher-kva.example"
+    (event,) = AuditEvent.objects.filter(type="rep.changed", rep_id=bo.pk)
+    assert event.explanation["changes"]["email"] == "bo@xn--bcher-kva.example"
