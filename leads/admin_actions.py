@@ -1,6 +1,6 @@
 """Managers' lead actions in the admin: assign queued leads to a rep (bulk, with an
-intermediate form), route again, close, and reassign one lead from its page. Everything goes
-through `leads/actions.py`, audited as `admin:<username>`."""
+intermediate form), accept for the owner, route again, close, and reassign one lead from its
+page. Everything goes through `leads/actions.py`, audited as `admin:<username>`."""
 
 from __future__ import annotations
 
@@ -152,6 +152,21 @@ def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QueryS
         )
 
 
+@admin.action(description="Mark selected leads accepted by their owner", permissions=["change"])
+def accept_for_owner(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
+    """A rep who took the lead by phone or e-mail: the manager records it for the rep who owns
+    the lead, and its SLA clock stops, as with `POST /api/v1/leads/{id}/accept/`. A lead that
+    moved to another rep since the page was read is refused (that rep did not accept it)."""
+    actor = admin_actor(request)
+
+    def accept(lead: Lead) -> None:
+        if lead.owner_id is None:
+            raise actions.LeadConflict(f"no rep holds it (it is {lead.status}).")
+        actions.lead_accept(lead_id=lead.pk, rep_id=lead.owner_id, actor=actor)
+
+    _run_each(modeladmin, request, queryset.order_by("id"), accept, "marked accepted by their owner")
+
+
 def _close_action(outcome: str) -> Callable[[admin.ModelAdmin, HttpRequest, QuerySet[Lead]], None]:
     def close(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
         actor = admin_actor(request)
@@ -177,7 +192,7 @@ close_lost = _close_action("lost")
 class LeadActionsAdminMixin:
     """The lead page: a "Reassign" page of its own, and the bulk actions."""
 
-    actions: Any = [assign_to_rep, reroute, close_won, close_lost, close_disqualified]
+    actions: Any = [assign_to_rep, accept_for_owner, reroute, close_won, close_lost, close_disqualified]
 
     def get_urls(self) -> list[URLPattern]:
         urls = super().get_urls()  # type: ignore[misc]

@@ -244,3 +244,38 @@ def test_an_action_on_a_lead_locked_past_the_lock_timeout_says_to_retry(
     again = manager.post(url, post, follow=True)
     assert [str(m) for m in again.context["messages"] if str(m).startswith("Not done")] == []
     assert AuditEvent.objects.filter(lead_id=ids[0], actor="admin:maria").exists()
+
+
+def test_a_manager_marks_leads_accepted_for_their_owner(api, make_group, manager):
+    """The API's accept (manage scope) had no admin counterpart: a manager told by a rep that
+    they took a lead could not stop its SLA clock from the admin."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from leads import actions
+
+    group, reps = make_group(2, slug="emea", sla_minutes=30)
+    ids = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"] for _ in range(3)]
+    api.post(f"/api/v1/leads/{ids[1]}/close/", {"outcome": "lost"}, format="json")
+    Membership.objects.filter(group=group).update(active=False)  # the next one is queued
+    ids.append(api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"])
+    owner = Lead.objects.get(pk=ids[0]).owner_id
+
+    r = manager.post("/admin/leads/lead/", {"action": "accept_for_owner", "_selected_action": ids}, follow=True)
+    shown = [str(m) for m in r.context["messages"]]
+    assert shown[0] == "2 lead(s) marked accepted by their owner.", shown
+    assert f"#{ids[1]}: " in shown[1] and f"#{ids[3]}: no rep holds it (it is queued)." in shown[1], shown
+
+    for lead_id in (ids[0], ids[2]):
+        lead = Lead.objects.get(pk=lead_id)
+        assert lead.status == "accepted" and lead.accepted_at is not None
+        assert lead.assignments.get(ended_at__isnull=True).accepted_at == lead.accepted_at
+        event = AuditEvent.objects.get(type="lead.accepted", lead_id=lead_id)
+        assert event.actor == "admin:maria" and event.rep_id == lead.owner_id
+    assert AuditEvent.objects.get(type="lead.accepted", lead_id=ids[0]).rep_id == owner
+    assert Lead.objects.get(pk=ids[1]).status == "closed" and Lead.objects.get(pk=ids[3]).status == "queued"
+    # Accepted, the leads are not escalated when their due time passes.
+    actions.escalation_sweep(now=timezone.now() + timedelta(hours=1))
+    assert not AuditEvent.objects.filter(type="lead.escalated").exists()
+    assert Lead.objects.get(pk=ids[0]).owner_id == owner
