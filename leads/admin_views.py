@@ -42,6 +42,8 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
     since = until - PERIODS[days][1]
     group = request.GET.get("group") or None
     panels = dashboard.dashboard_view(since=since, until=until, group_slug=group)
+    # On the all-groups page: queued leads that no group's panel counts.
+    no_group = 0 if group else dashboard.queued_without_group()
     context = {
         **admin.site.each_context(request),
         "title": "Routing dashboard",
@@ -52,6 +54,7 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
         "until": until,
         "group": group,
         "problem": problem,
+        "no_group": no_group,
     }
     return TemplateResponse(request, "admin/leads/dashboard.html", context)
 

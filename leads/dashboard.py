@@ -153,6 +153,12 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
     return list(panels.values())
 
 
+def queued_without_group() -> int:
+    """Leads in the fallback queue that no group holds (no rule matched and there is no
+    default group): in no group's panel, and waiting for a manager all the same."""
+    return Lead.objects.filter(status=LeadStatus.QUEUED, group__isnull=True).count()
+
+
 def _medians(
     since: datetime, until: datetime, group_ids: list[int]
 ) -> tuple[dict[tuple[int, int], float], dict[int, float]]:

@@ -241,3 +241,18 @@ def test_the_table_shows_the_shares_the_chart_draws(admin_client, make_group, po
     html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
     assert html.count("37.5% / 33.3%") == 2  # the chart's labels of the two reps with 3 leads
     assert html.count("<td>37.5%</td><td>33.3%</td>") == 2
+
+
+def test_queued_leads_that_no_group_holds_are_counted_above_the_panels(admin_client, make_group, post_lead):
+    """A lead that matched no rule, with no default group, waits in the queue in no group: no
+    panel counted it, so the dashboard showed an empty queue while the lead waited."""
+    make_group(1, slug="emea")
+    assert post_lead().json()["queue_reason"]  # no rule, no default group: queued, no group
+    post_lead()
+    html = admin_client.get("/admin/dashboard/").content.decode()
+    assert 'id="queued-without-group">2 leads in the' in html
+    assert '/admin/leads/queuedlead/?group__isnull=True"' in html
+    queue = admin_client.get("/admin/leads/queuedlead/?group__isnull=True")
+    assert queue.status_code == 200 and queue.context["cl"].result_count == 2
+    # A page filtered to one group is that group's alone.
+    assert "queued-without-group" not in admin_client.get("/admin/dashboard/?group=emea").content.decode()
