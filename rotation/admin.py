@@ -20,7 +20,7 @@ from routing_project.api import ascii_email
 from . import services
 from .domains import domain_unicode
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule, is_timezone
-from .services import MAX_POSITION
+from .services import MAX_POSITION, MAX_PRIORITY
 
 
 def admin_actor(request: HttpRequest) -> str:
@@ -278,8 +278,19 @@ class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
             services.absence_add(absence=obj, actor=actor)
 
 
+class RoutingRuleForm(forms.ModelForm):
+    # The API's limit (rotation/api/rules.py): a rule saved past it is answered by the API
+    # outside its own schema, and sent back unchanged it would be refused there.
+    priority = forms.IntegerField(min_value=0, max_value=MAX_PRIORITY, initial=100)
+
+    class Meta:
+        model = RoutingRule
+        fields = ("name", "priority", "conditions", "group", "active")
+
+
 @admin.register(RoutingRule)
 class RoutingRuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+    form = RoutingRuleForm
     list_display = ("priority", "name", "group", "active")
     list_display_links = ("name",)
     list_filter = ("active", "group")

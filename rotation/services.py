@@ -80,6 +80,8 @@ def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
 
 # The highest position the API and the admin take (far past it, appending would overflow).
 MAX_POSITION = 1_000_000
+# The highest rule priority the API and the admin take.
+MAX_PRIORITY = 1_000_000
 # Membership fields whose change can let a member take more leads.
 FREES_CAPACITY = frozenset({"active", "max_open", "max_per_day", "weight"})
 # Rep fields whose change can make the rep available now: re-activated, or working hours (or

@@ -55,7 +55,7 @@ class GroupSlugField(serializers.SlugRelatedField):
 
 class RuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     group = GroupSlugField(slug_field="slug", queryset=Group.objects.all())
-    priority = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    priority = serializers.IntegerField(min_value=0, max_value=services.MAX_PRIORITY, required=False)
     conditions = ConditionsField()
 
     class Meta:

@@ -252,3 +252,19 @@ def test_a_reps_email_domain_is_stored_in_ascii_as_the_api_stores_it(api):
     assert api.get(f"/api/v1/reps/{bo.pk}/").json()["email"] == "bo@xn--bcher-kva.example"
     (event,) = AuditEvent.objects.filter(type="rep.changed", rep_id=bo.pk)
     assert event.explanation["changes"]["email"] == "bo@xn--bcher-kva.example"
+
+
+def test_a_rule_priority_past_the_apis_limit_is_a_form_error(api, make_group):
+    """The admin saved priority 5,000,000, which the API then answered outside its own schema
+    (priority at most 1,000,000) and refused when a client sent the rule back unchanged."""
+    group, _ = make_group(1, slug="emea")
+    client = staff(SALES_OPS)
+    form = {"name": "France", "conditions": '[{"field": "country", "op": "in", "value": ["FR"]}]'}
+    form.update({"group": str(group.pk), "active": "on"})
+    r = client.post("/admin/rotation/routingrule/add/", {**form, "priority": "5000000"})
+    assert r.status_code == 200 and "less than or equal to 1000000" in r.content.decode()
+    assert not RoutingRule.objects.exists()
+    assert client.post("/admin/rotation/routingrule/add/", {**form, "priority": "1000000"}).status_code == 302
+    (rule,) = api.get("/api/v1/rules/").json()["results"]
+    assert rule["priority"] == 1_000_000
+    assert api.patch(f"/api/v1/rules/{rule['id']}/", {"priority": rule["priority"]}, format="json").status_code == 200
