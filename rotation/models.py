@@ -1,3 +1,4 @@
+from datetime import UTC
 from decimal import Decimal
 from zoneinfo import available_timezones
 
@@ -200,6 +201,20 @@ class Absence(models.Model):
         return f"{self.rep} away {starts:%Y-%m-%d %H:%M} to {ends:%Y-%m-%d %H:%M}"
 
     def clean(self) -> None:
+        # Entered in the rep's time zone (the admin): a time near the year 1 or 9999 can fall
+        # outside them in UTC, which PostgreSQL stores but no read of the row could load back
+        # (every routing read of the rep's absences would fail).
+        out_of_range = {}
+        for name in ("starts_at", "ends_at"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                value.astimezone(UTC)
+            except OverflowError:
+                out_of_range[name] = "Datetime value out of range once in UTC (years 1 to 9999)."
+        if out_of_range:
+            raise ValidationError(out_of_range)
         if self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
             raise ValidationError({"ends_at": "The end must be after the start."})
 

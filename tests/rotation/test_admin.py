@@ -386,3 +386,43 @@ def test_deleting_a_rep_with_leads_says_the_leads_keep_it(staff, api, make_group
         html = staff.get(url).content.decode()
         assert "following protected related objects" in html, url
         assert "permission to delete" not in html, url
+
+
+@pytest.mark.parametrize(
+    ("zone", "starts", "ends", "bad"),
+    [
+        # "Away for good": the end, read in UTC, is in the year 10000.
+        ("America/New_York", ("2026-01-01", "00:00:00"), ("9999-12-31", "23:59:00"), "ends_at"),
+        # The start, read in UTC, is before the year 1.
+        ("Asia/Tokyo", ("0001-01-01", "00:00:00"), ("2030-01-01", "00:00:00"), "starts_at"),
+    ],
+)
+def test_an_absence_out_of_range_once_in_utc_is_a_form_error(staff, api, make_group, zone, starts, ends, bad):
+    """A New York rep marked away until 9999-12-31 23:59 was saved: PostgreSQL keeps the year
+    10000 in UTC, but it cannot be read back, so every lead routed to the rep's group, the
+    rep's page and the group's rotation view failed with a server error from then on."""
+    from rotation.models import Absence, Rep
+
+    group, (rep,) = make_group(1, slug="emea")
+    Rep.objects.filter(pk=rep.pk).update(timezone=zone)
+    form = {
+        "name": rep.name,
+        "email": rep.email,
+        "timezone": zone,
+        "active": "on",
+        "working_hours": "null",
+        **inline_management("absences", 1, 0),
+        "absences-0-rep": str(rep.pk),
+        "absences-0-starts_at_0": starts[0],
+        "absences-0-starts_at_1": starts[1],
+        "absences-0-ends_at_0": ends[0],
+        "absences-0-ends_at_1": ends[1],
+        "absences-0-reason": "left",
+    }
+    response = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form)
+    assert response.status_code == 200
+    errors = response.context["inline_admin_formsets"][0].formset.forms[0].errors
+    assert "out of range" in errors[bad][0], errors
+    assert not Absence.objects.exists()
+    assert api.post("/api/v1/leads/", lead_body(group="emea"), format="json").status_code == 201
+    assert staff.get(f"/admin/rotation/rep/{rep.pk}/change/").status_code == 200
