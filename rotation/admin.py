@@ -6,7 +6,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.validators import DomainNameValidator
 from django.db import transaction
-from django.db.models import Count, Max, QuerySet
+from django.db.models import Count, Max, Min, QuerySet
 from django.forms import BaseInlineFormSet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
@@ -214,6 +214,8 @@ class AbsenceInline(admin.TabularInline):
         formset = super().get_formset(request, obj, **kwargs)
         # A new rep's: the time zone it is created with (RepAdmin.changeform_view).
         where = f"In the rep's time zone ({obj.timezone})." if obj is not None else "In the rep's time zone."
+        if obj is not None and timezone.get_current_timezone_name() != obj.timezone:
+            where = f"In UTC: an absence of this rep has no time in its time zone ({obj.timezone})."
         for name in ("starts_at", "ends_at"):
             formset.form.base_fields[name].help_text = where
         return formset
@@ -231,6 +233,17 @@ class RepForm(forms.ModelForm):
             return ascii_email(self.cleaned_data["email"])
         except serializers.ValidationError as exc:
             raise forms.ValidationError(exc.detail) from None
+
+
+def _absences_have_times_in(zone: ZoneInfo, *, rep_id: int) -> bool:
+    bounds = Absence.objects.filter(rep_id=rep_id).aggregate(first=Min("starts_at"), last=Max("ends_at"))
+    try:
+        for value in bounds.values():
+            if value is not None:
+                value.astimezone(zone)
+    except OverflowError:
+        return False
+    return True
 
 
 @admin.register(Rep)
@@ -255,6 +268,10 @@ class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
         zone = "UTC"
         if object_id is not None and object_id.isdigit():
             zone = Rep.objects.filter(pk=int(object_id)).values_list("timezone", flat=True).first() or "UTC"
+            if not _absences_have_times_in(ZoneInfo(zone), rep_id=int(object_id)):
+                # An absence set over the API (in UTC) near the year 9999 or 1 has no time in
+                # the rep's zone: the page is shown, and read, in UTC rather than failing.
+                zone = "UTC"
         elif object_id is None and request.method == "POST" and is_timezone(request.POST.get("timezone", "")):
             # A new rep: its absences are entered in the time zone it is created with.
             zone = request.POST["timezone"]

@@ -426,3 +426,32 @@ def test_an_absence_out_of_range_once_in_utc_is_a_form_error(staff, api, make_gr
     assert not Absence.objects.exists()
     assert api.post("/api/v1/leads/", lead_body(group="emea"), format="json").status_code == 201
     assert staff.get(f"/admin/rotation/rep/{rep.pk}/change/").status_code == 200
+
+
+def test_a_reps_page_with_an_absence_that_has_no_time_in_its_zone_is_shown_in_utc(staff, api, make_group):
+    """An absence posted over the API until 9999-12-31T23:59:59Z ("for good"), for a Paris
+    rep: the rep's page, shown in the rep's time zone, failed with a server error (the end is
+    in the year 10000 there), so sales ops could not open the rep any more."""
+    from rotation.models import Absence, Rep
+    from tests.security.test_admin_roles import form_of
+
+    group, (rep,) = make_group(1, slug="emea")
+    Rep.objects.filter(pk=rep.pk).update(timezone="Europe/Paris")
+    body = {"starts_at": "2030-01-01T00:00:00Z", "ends_at": "9999-12-31T23:59:59Z", "reason": "left"}
+    assert api.post(f"/api/v1/reps/{rep.pk}/absences/", body, format="json").status_code == 201
+    url = f"/admin/rotation/rep/{rep.pk}/change/"
+    page = staff.get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'value="9999-12-31"' in html and 'value="23:59:59"' in html
+    assert "In UTC: an absence of this rep has no time in its time zone (Europe/Paris)." in html
+    # Saved as shown, the absence is unchanged (read in UTC, as it is shown).
+    data = form_of(page)
+    data["name"] = ["Renamed"]
+    assert staff.post(url, data).status_code == 302
+    absence = Absence.objects.get(rep=rep)
+    assert (absence.starts_at.isoformat(), absence.ends_at.isoformat()) == (
+        "2030-01-01T00:00:00+00:00",
+        "9999-12-31T23:59:59+00:00",
+    )
+    assert Rep.objects.get(pk=rep.pk).name == "Renamed"
