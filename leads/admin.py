@@ -4,6 +4,9 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from rest_framework import serializers
+
+from routing_project.api import ascii_email
 
 from . import actions
 from .admin_actions import LeadActionsAdminMixin, QueueActionsAdminMixin, admin_actor
@@ -36,7 +39,12 @@ class LeadForm(forms.ModelForm):
         again under the lock, for an intake of that address racing this save)."""
         from .services import normalize_email
 
-        email = self.cleaned_data["email"]
+        try:
+            # As intake and the API's PATCH store it: the domain in ASCII (IDNA), or the same
+            # mailbox would escape dedup and be answered as no schema `email`.
+            email = ascii_email(self.cleaned_data["email"])
+        except serializers.ValidationError as exc:
+            raise forms.ValidationError(exc.detail) from None
         normalized = normalize_email(email)
         if self.instance.pk is not None and normalized != self.instance.email_normalized:
             other = actions.open_duplicate(self.instance, normalized)

@@ -279,3 +279,25 @@ def test_a_manager_marks_leads_accepted_for_their_owner(api, make_group, manager
     actions.escalation_sweep(now=timezone.now() + timedelta(hours=1))
     assert not AuditEvent.objects.filter(type="lead.escalated").exists()
     assert Lead.objects.get(pk=ids[0]).owner_id == owner
+
+
+def test_a_leads_email_edited_in_the_admin_is_stored_as_intake_stores_it(api, make_group, manager):
+    """Intake and the API's PATCH store ana@bücher.example as ana@xn--bcher-kva.example; the
+    lead form kept the Unicode form, so the same mailbox escaped dedup (a second open lead) and
+    the API answered an address that is no schema email."""
+    make_group(1, slug="emea")
+    first = api.post("/api/v1/leads/", lead_body(group="emea", email="ana@bücher.example"), format="json").json()
+    assert Lead.objects.get(pk=first["id"]).email == "ana@xn--bcher-kva.example"
+    second = api.post("/api/v1/leads/", lead_body(group="emea", email="bo@acme.example"), format="json").json()
+    lead = Lead.objects.get(pk=second["id"])
+    form = {"first_name": "", "last_name": lead.last_name, "company": lead.company, "phone": lead.phone}
+    form.update({"assignments-TOTAL_FORMS": "0", "assignments-INITIAL_FORMS": "0"})
+    url = f"/admin/leads/lead/{lead.pk}/change/"
+    r = manager.post(url, {**form, "email": "Ana@Bücher.example"})
+    assert r.status_code == 200 and f"Lead {first['id']} is open with this email address" in r.content.decode()
+    assert Lead.objects.get(pk=lead.pk).email == "bo@acme.example"
+
+    assert manager.post(url, {**form, "email": "bo@bücher.example"}).status_code == 302
+    lead.refresh_from_db()
+    assert (lead.email, lead.email_normalized) == ("bo@xn--bcher-kva.example", "bo@xn--bcher-kva.example")
+    assert api.get(f"/api/v1/leads/{lead.pk}/").json()["email"] == "bo@xn--bcher-kva.example"
