@@ -74,6 +74,13 @@ class IntakeSourceAdmin(admin.ModelAdmin):
             'v1=<hex HMAC-SHA256 of "<t>.<raw body>">.',
         )
 
+    def delete_model(self, request: HttpRequest, obj: IntakeSource) -> None:
+        services.source_delete(source=obj, actor=_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[IntakeSource]) -> None:
+        for source in queryset:
+            services.source_delete(source=source, actor=_actor(request))
+
     @admin.action(description="Rotate the secret (the old one stays valid for 24 hours)", permissions=["change"])
     def rotate_secret(self, request: HttpRequest, queryset: QuerySet[IntakeSource]) -> HttpResponse:
         actor = _actor(request)

@@ -168,6 +168,16 @@ def source_update(*, source: IntakeSource, fields: list[str], actor: str) -> Non
         )
 
 
+def source_delete(*, source: IntakeSource, actor: str) -> None:
+    """Deletes a source (its form's posts are refused from then on), audited as creating it is."""
+    with transaction.atomic():
+        slug = source.slug
+        source.delete()
+        audit_record(
+            type=AuditEvent.Type.CLIENT_CHANGED, actor=actor, explanation={"intake_source": slug, "change": "deleted"}
+        )
+
+
 # --- signatures ------------------------------------------------------------------------------
 
 

@@ -13,7 +13,13 @@ from django.urls import reverse
 from security.admin_views import shown_once
 
 from .models import ApiClient
-from .tokens import api_client_audit_created, api_client_create, api_client_revoke, api_client_update
+from .tokens import (
+    api_client_audit_created,
+    api_client_create,
+    api_client_delete,
+    api_client_revoke,
+    api_client_update,
+)
 
 
 def _actor(request: HttpRequest) -> str:
@@ -65,6 +71,13 @@ class ApiClientAdmin(admin.ModelAdmin):
             back=reverse("admin:leads_apiclient_changelist"),
             note="Send it as `Authorization: Bearer <token>`.",
         )
+
+    def delete_model(self, request: HttpRequest, obj: ApiClient) -> None:
+        api_client_delete(client=obj, actor=_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiClient]) -> None:
+        for client in queryset:
+            api_client_delete(client=client, actor=_actor(request))
 
     @admin.action(description="Revoke the selected tokens (for good)", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiClient]) -> None:

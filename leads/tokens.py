@@ -38,6 +38,20 @@ def api_client_revoke(*, client: ApiClient, actor: str) -> None:
     )
 
 
+def api_client_delete(*, client: ApiClient, actor: str) -> None:
+    """Deletes a client (its token with it, and its stored idempotent answers), audited as
+    revoking is: who may call the API is a change the trail keeps."""
+    from audit.models import AuditEvent
+    from audit.services import audit_record
+
+    with transaction.atomic():
+        name = client.name
+        client.delete()
+        audit_record(
+            type=AuditEvent.Type.CLIENT_CHANGED, actor=actor, explanation={"api_client": name, "change": "deleted"}
+        )
+
+
 # The fields an edit may change; none of them is secret (only the token's hash is, never edited).
 EDITABLE_FIELDS = ("name", "scopes", "rate_limit_per_minute", "active")
 

@@ -55,6 +55,20 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
                 explanation=explanation,
             )
 
+    def delete_model(self, request: HttpRequest, obj: WebhookEndpoint) -> None:
+        # Where the group's leads were sent: who stopped it is audited, as who created it.
+        with transaction.atomic():
+            explanation = {"webhook_endpoint": obj.pk, "change": "deleted", "url": obj.url}
+            group = obj.group.slug
+            super().delete_model(request, obj)
+            audit_record(
+                type=AuditEvent.Type.CLIENT_CHANGED, actor=_actor(request), group=group, explanation=explanation
+            )
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
+        for endpoint in queryset.select_related("group"):
+            self.delete_model(request, endpoint)
+
     def response_add(
         self, request: HttpRequest, obj: WebhookEndpoint, post_url_continue: str | None = None
     ) -> HttpResponse:

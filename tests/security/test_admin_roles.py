@@ -282,3 +282,44 @@ def test_credentials_edited_in_the_admin_are_audited(root):
     }
     text = json.dumps([e.explanation for e in AuditEvent.objects.all()])
     assert token not in text and secret not in text and client.token_hash not in text
+
+
+def test_credentials_deleted_in_the_admin_are_audited(root, make_group):
+    """Creating, editing and revoking a token, a web-form source or a webhook endpoint were
+    audited, but deleting one (from its page or with "Delete selected") left no trace of who
+    removed a way into the API or where the group's leads had been sent."""
+    from notifications.models import WebhookEndpoint
+
+    make_group(1, slug="emea")
+    r = root.post("/admin/leads/apiclient/add/", {"name": "crm", "scopes": ["read"], "active": "on"})
+    assert r.status_code == 200
+    root.post("/admin/leads/apiclient/add/", {"name": "erp", "scopes": ["read"], "active": "on"})
+    source, _ = hook_services.source_create(slug="site", name="Site", actor="test")
+    group = Group.objects.get(slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url="https://crm.example/hook")
+
+    crm, erp = ApiClient.objects.get(name="crm"), ApiClient.objects.get(name="erp")
+    assert root.post(f"/admin/leads/apiclient/{crm.pk}/delete/", {"post": "yes"}).status_code == 302
+    bulk = {"action": "delete_selected", "_selected_action": [erp.pk], "post": "yes"}
+    assert root.post("/admin/leads/apiclient/", bulk).status_code == 302
+    assert root.post(f"/admin/hooks/intakesource/{source.pk}/delete/", {"post": "yes"}).status_code == 302
+    bulk = {"action": "delete_selected", "_selected_action": [endpoint.pk], "post": "yes"}
+    assert root.post("/admin/notifications/webhookendpoint/", bulk).status_code == 302
+    assert not ApiClient.objects.exists() and not IntakeSource.objects.exists()
+    assert not WebhookEndpoint.objects.exists()
+
+    deleted = [
+        (e.actor.startswith("admin:root-"), e.group, e.explanation)
+        for e in AuditEvent.objects.filter(type="client.changed", explanation__change="deleted").order_by("id")
+    ]
+    assert deleted == [
+        (True, "", {"api_client": "crm", "change": "deleted"}),
+        (True, "", {"api_client": "erp", "change": "deleted"}),
+        (True, "", {"intake_source": "site", "change": "deleted"}),
+        (
+            True,
+            "emea",
+            {"webhook_endpoint": endpoint.pk, "change": "deleted", "url": "https://crm.example/hook"},
+        ),
+    ]
+    assert root.get("/admin/audit/auditevent/?type=client.changed").status_code == 200
