@@ -139,6 +139,11 @@ class QueueAdmin(QueueActionsAdminMixin, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lead]:
         return super().get_queryset(request).filter(status=LeadStatus.QUEUED)
 
+    def save_model(self, request: HttpRequest, obj: Lead, form: Any, change: bool) -> None:
+        """Nothing here is editable (the actions move a queued lead). A plain save would write
+        back the whole row as read, without its lock: over a drain or an assignment committed
+        meanwhile, the lead would be queued again with an open assignment."""
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 

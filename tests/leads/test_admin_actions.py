@@ -301,3 +301,66 @@ def test_a_leads_email_edited_in_the_admin_is_stored_as_intake_stores_it(api, ma
     lead.refresh_from_db()
     assert (lead.email, lead.email_normalized) == ("bo@xn--bcher-kva.example", "bo@xn--bcher-kva.example")
     assert api.get(f"/api/v1/leads/{lead.pk}/").json()["email"] == "bo@xn--bcher-kva.example"
+
+
+def test_saving_a_queued_leads_page_writes_nothing(api, make_group, manager):
+    """The queue's lead page has a Save button (managers may change queued leads, for the
+    actions) and nothing editable, yet saving it wrote the whole lead row back as read, with
+    no lock: a drain or an assignment committing in between was undone (the lead queued
+    again, its new assignment left open)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    group, reps, ids = queued_leads(api, make_group, 1)
+    url = f"/admin/leads/queuedlead/{ids[0]}/change/"
+    page = manager.get(url)
+    assert page.status_code == 200 and b'name="_save"' in page.content
+    with CaptureQueriesContext(connection) as queries:
+        assert manager.post(url, {"_save": "Save"}).status_code == 302
+    assert not [q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "leads_lead"')]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.xdist_group("concurrency")
+def test_saving_a_queued_leads_page_does_not_undo_an_assignment_made_meanwhile(api, make_group, manager):
+    """The race itself: the page's save read the queued lead, another manager assigned it and
+    committed, then the save wrote the row back as read: queued, with no owner, while its
+    new assignment stayed open."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    from leads import actions
+
+    group, reps, ids = queued_leads(api, make_group, 1)
+    url = f"/admin/leads/queuedlead/{ids[0]}/change/"
+    done = threading.Event()
+
+    def save_page() -> None:
+        try:
+            manager.post(url, {"_save": "Save"})
+        finally:
+            connection.close()
+            done.set()
+
+    with transaction.atomic():
+        Lead.objects.select_for_update().get(pk=ids[0])  # as an assignment in progress holds it
+        thread = threading.Thread(target=save_page)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while not done.is_set() and time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+                if cursor.fetchone()[0]:
+                    break  # the page's write waits for this transaction's row lock
+            time.sleep(0.05)
+        actions.lead_reassign(lead_id=ids[0], rep_id=reps[1].id, reason="on call", actor="admin:other")
+    thread.join(timeout=30)
+    lead = Lead.objects.get(pk=ids[0])
+    assert (lead.status, lead.owner_id) == ("assigned", reps[1].id)
+    assert lead.assignments.filter(ended_at__isnull=True).get().rep_id == reps[1].id
