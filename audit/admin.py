@@ -3,6 +3,7 @@ from typing import Any
 
 from django.apps import apps
 from django.contrib import admin
+from django.db.models import Q
 from django.http import HttpRequest
 from django.utils.html import format_html
 
@@ -22,7 +23,7 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     list_display = ("id", "at", "type", "actor", "lead_id", "group", "rep", "summary")
     list_filter = ("type", "group")
-    search_fields = ("=lead_id", "=rep_id", "actor", "request_id")
+    search_fields = ("actor", "request_id")  # and a number: a lead or rep id (get_search_results)
     date_hierarchy = "at"
     readonly_fields = (
         "id",
@@ -39,6 +40,14 @@ class AuditEventAdmin(admin.ModelAdmin):
     exclude = ("explanation",)
     list_per_page = 100
     show_full_result_count = False
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
+        """A number is a lead or a rep id, looked up through their indexes: Django's "=lead_id"
+        search compares the ids as text, which reads the whole trail (seconds on a large one)."""
+        term = search_term.strip()
+        if term.isdigit() and int(term) < 2**63:
+            return queryset.filter(Q(lead_id=int(term)) | Q(rep_id=int(term))), False
+        return super().get_search_results(request, queryset, search_term)
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """The reps the page's events name, read in one query for the whole page."""

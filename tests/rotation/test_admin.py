@@ -455,3 +455,24 @@ def test_a_reps_page_with_an_absence_that_has_no_time_in_its_zone_is_shown_in_ut
         "9999-12-31T23:59:59+00:00",
     )
     assert Rep.objects.get(pk=rep.pk).name == "Renamed"
+
+
+def test_searching_the_trail_for_a_number_finds_the_leads_and_reps_events_by_their_indexes(staff, api, make_group):
+    """The trail's search compared lead and rep ids as text (Django's "=" search): every search
+    read the whole audit table, seconds per page on a large trail. A number is now looked up
+    as a lead id or a rep id, through their indexes; other text still searches actor and
+    request id."""
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    with CaptureQueriesContext(connection) as queries:
+        page = staff.get(f"/admin/audit/auditevent/?q={lead_id}")
+    found = list(page.context["cl"].result_list)
+    assert {e.type for e in found if e.lead_id == lead_id} == {"lead.received", "lead.assigned"}
+    assert all(e.lead_id == lead_id or e.rep_id == lead_id for e in found)
+    searched = [q["sql"] for q in queries.captured_queries if 'FROM "audit_auditevent"' in q["sql"]]
+    assert searched and not [sql for sql in searched if "::text" in sql], searched
+    by_rep = staff.get(f"/admin/audit/auditevent/?q={reps[1].pk}").context["cl"].result_list
+    assert any(e.rep_id == reps[1].pk and e.type == "membership.changed" for e in by_rep)
+    by_actor = staff.get("/admin/audit/auditevent/?q=test").context["cl"].result_list
+    assert by_actor and all("test" in e.actor for e in by_actor)
+    assert staff.get("/admin/audit/auditevent/?q=99999999999999999999").status_code == 200
