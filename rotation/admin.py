@@ -183,7 +183,10 @@ class GroupAdmin(AuditedDeleteMixin, admin.ModelAdmin):
         formset.save(commit=False)
         for obj in formset.deleted_objects:
             services.membership_remove(membership=obj, actor=actor)
-        for member_form in formset.forms:
+        # Rows left to append go last, after every row given its place, so that they append
+        # after those places (appended first, one could take a position another row names).
+        forms = sorted(formset.forms, key=lambda f: f.instance.pk is None and getattr(f, "auto_position", False))
+        for member_form in forms:
             obj = member_form.instance
             if member_form in formset.deleted_forms or not member_form.has_changed():
                 continue

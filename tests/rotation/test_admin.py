@@ -476,3 +476,24 @@ def test_searching_the_trail_for_a_number_finds_the_leads_and_reps_events_by_the
     by_actor = staff.get("/admin/audit/auditevent/?q=test").context["cl"].result_list
     assert by_actor and all("test" in e.actor for e in by_actor)
     assert staff.get("/admin/audit/auditevent/?q=99999999999999999999").status_code == 200
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)  # the position constraint is checked at commit
+def test_new_member_rows_appended_and_placed_in_one_save_take_distinct_positions(staff):
+    """Two new member rows in one save, the first left to append and the second given
+    position 0: the first was appended (at 0, the group being empty) before the second was
+    written at 0, and the commit failed on the unique position, a server error."""
+    first, second = RepFactory(), RepFactory()
+    data = group_form()
+    data.update(inline_management("memberships", 2, 0))
+    data.update({"memberships-0-rep": str(first.pk), "memberships-0-weight": "1", "memberships-0-active": "on"})
+    data.update({"memberships-1-rep": str(second.pk), "memberships-1-weight": "1", "memberships-1-active": "on"})
+    data["memberships-1-position"] = "0"
+    response = staff.post("/admin/rotation/group/add/", data)
+    assert response.status_code == 302, response.content[-2000:]
+    group = Group.objects.get(slug="admin-made")
+    positions = dict(Membership.objects.filter(group=group).values_list("rep_id", "position"))
+    assert positions == {second.pk: 0, first.pk: 1}
+    joined = [e.rep_id for e in AuditEvent.objects.filter(type="membership.changed").order_by("id")]
+    assert sorted(joined) == sorted([first.pk, second.pk])
