@@ -23,6 +23,8 @@ MAX_CONDITIONS = 20
 # never match, so it is refused when the rule is saved.
 COUNTRY_CODES = frozenset(c.alpha_2 for c in pycountry.countries)
 MAX_ATTRIBUTE_KEY = 64
+# A lead's numbers as intake takes them (SPEC: score 0-100; a size is never negative).
+LEAD_NUMBER_RANGES: dict[str, tuple[int, int | None]] = {"score": (0, 100), "company_size": (0, None)}
 
 
 class RuleError(ValueError):
@@ -109,7 +111,8 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
 
 def _never_matches(field: str, op: str, value: Any) -> str | None:
     """Why a well-formed condition could still never hold for any lead (or None): a lead's
-    country is an ISO code, its score and size are numbers, its attribute names are short."""
+    country is an ISO code, its email domain has no @, its score (0-100) and size (0 or
+    more) are numbers, its attribute names are short."""
     if field.startswith("attributes.") and len(field) - len("attributes.") > MAX_ATTRIBUTE_KEY:
         return f"attribute names are at most {MAX_ATTRIBUTE_KEY} characters."
     values = value if op in ("in", "not_in") else [value] if op == "equals" else []
@@ -117,12 +120,25 @@ def _never_matches(field: str, op: str, value: Any) -> str | None:
         bad = [v for v in values if not isinstance(v, str) or not v.isascii() or v.upper() not in COUNTRY_CODES]
         if bad:
             return f"country values are ISO 3166 alpha-2 codes (FR, US, ...), not {bad[0]!r}."
+    if field == "email_domain":
+        # The part after the @ of an address: "@acme.com" or a whole address never equals it.
+        texts = [value] if op == "contains" else values
+        bad = [v for v in texts if isinstance(v, str) and "@" in v]
+        if bad:
+            return f"email_domain is what follows the @ of an address (acme.com), not {bad[0]!r}."
     if field in NUMERIC_FIELDS:
         if op == "contains":
             return f"contains applies to text; {field} is a number (use gte or lte)."
         bad = [v for v in values if not _is_number(v)]
         if bad:
             return f"{field} is a number: {bad[0]!r} would never match."
+        low, high = LEAD_NUMBER_RANGES[field]
+        bad = [v for v in values if op != "not_in" and (v < low or (high is not None and v > high))]
+        if (op == "gte" and high is not None and value > high) or (op == "lte" and value < low):
+            bad = [value]
+        if bad:
+            span = f"from {low} to {high}" if high is not None else f"{low} or more"
+            return f"a lead's {field} is {span}: {bad[0]!r} would never match."
     return None
 
 

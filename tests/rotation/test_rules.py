@@ -94,6 +94,16 @@ def test_condition_table(field, op, value, holds):
         ([{"field": "company_size", "op": "in", "value": [10, "50"]}], "company_size is a number"),
         ([{"field": "score", "op": "contains", "value": "5"}], "contains applies to text"),
         ([{"field": "attributes." + "k" * 65, "op": "exists"}], "at most 64 characters"),
+        # The domain is what follows the @: an "@acme.com" or a whole address never equals it.
+        ([{"field": "email_domain", "op": "equals", "value": "@acme.example"}], "follows the @"),
+        ([{"field": "email_domain", "op": "in", "value": ["acme.example", "jo@acme.example"]}], "follows the @"),
+        ([{"field": "email_domain", "op": "contains", "value": "@acme"}], "follows the @"),
+        # A lead's score is 0-100 and its company size never negative.
+        ([{"field": "score", "op": "gte", "value": 101}], "score is from 0 to 100"),
+        ([{"field": "score", "op": "lte", "value": -1}], "score is from 0 to 100"),
+        ([{"field": "score", "op": "in", "value": [50, 150]}], "150 would never match"),
+        ([{"field": "company_size", "op": "equals", "value": -5}], "company_size is 0 or more"),
+        ([{"field": "company_size", "op": "lte", "value": -0.5}], "company_size is 0 or more"),
         # PostgreSQL's jsonb cannot store NUL: refused here rather than failing on save.
         ([{"field": "region", "op": "equals", "value": "a\x00b"}], "NUL characters"),
         ([{"field": "region", "op": "in", "value": ["x", "\x00"]}], "NUL characters"),
@@ -114,6 +124,12 @@ def test_validation_names_the_problem(conditions, message):
         {"field": "score", "op": "in", "value": [50, 60.5]},
         {"field": "attributes." + "k" * 64, "op": "equals", "value": "x"},
         {"field": "region", "op": "equals", "value": "Île-de-France"},
+        {"field": "email_domain", "op": "in", "value": ["acme.example", "bücher.example"]},
+        {"field": "email_domain", "op": "contains", "value": ".example"},
+        {"field": "score", "op": "gte", "value": 100},
+        {"field": "score", "op": "lte", "value": 0},
+        {"field": "score", "op": "not_in", "value": [0, 200]},  # out of range: holds, harmless
+        {"field": "company_size", "op": "gte", "value": 10**9},
     ],
 )
 def test_values_a_lead_can_hold_are_accepted(condition):
@@ -304,6 +320,12 @@ def test_rule_crud_is_audited(api, make_group):
         ({"conditions": [{"field": "colour", "op": "equals", "value": "x"}]}, "conditions", "field must be one of"),
         ({"conditions": [{"field": "score", "op": "gte", "value": "lots"}]}, "conditions", "needs a number"),
         ({"conditions": "country=FR"}, "conditions", "must be a list"),
+        (
+            {"conditions": [{"field": "email_domain", "op": "equals", "value": "@acme.example"}]},
+            "conditions",
+            "follows the @",
+        ),
+        ({"conditions": [{"field": "score", "op": "gte", "value": 120}]}, "conditions", "score is from 0 to 100"),
         ({"group": "nowhere"}, "group", "does not exist"),
         ({"priority": -1}, "priority", "greater than or equal"),
         ({"colour": "red"}, "colour", "Unknown field"),
