@@ -63,6 +63,7 @@ UNAVAILABLE = (
 MEMBER_OVERRIDES = {"weight", "active", "max_open", "max_per_day"}
 GROUP_OVERRIDES = {"strategy", "members"}
 CONFIG_KEYS = GROUP_OVERRIDES | {"groups", "rules"}
+RULE_KEYS = {"id", "name", "priority", "conditions", "group", "active"}
 
 
 Counts = Callable[[int, datetime, Mapping[str, Any] | None], tuple[int, int]]
@@ -225,19 +226,34 @@ def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupCon
                 if not isinstance(spec, dict) or not isinstance(spec.get("group"), str):
                     errors.append(f"{where}: an object with name, priority, conditions and group (slug).")
                     continue
+                # The rules as GET /api/v1/rules/ lists them may be sent back edited: `id` is
+                # ignored and a rule with `active: false` is left out, as routing leaves it out.
+                unknown = sorted(set(spec) - RULE_KEYS)
+                if unknown:
+                    errors.append(f"{where}: unknown key '{unknown[0]}' (use {', '.join(sorted(RULE_KEYS))}).")
+                    continue
                 if spec["group"] not in groups:
                     errors.append(f"{where}: no group with slug '{spec['group']}'.")
                     continue
                 priority = spec.get("priority", 100)
-                if isinstance(priority, bool) or not isinstance(priority, int):
-                    errors.append(f"{where}: priority must be an integer.")
+                if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 1_000_000:
+                    errors.append(f"{where}: priority must be an integer from 0 to 1000000.")
+                    continue
+                active = spec.get("active", True)
+                if not isinstance(active, bool):
+                    errors.append(f"{where}: active must be true or false.")
+                    continue
+                if spec.get("conditions") == []:
+                    errors.append(f"{where}: a rule needs at least one condition (as a saved rule does).")
                     continue
                 try:
                     conditions = validate_conditions(spec.get("conditions"))
                 except RuleError as exc:
                     errors.extend(f"{where}: {m}" for m in exc.messages)
                     continue
-                rules.append(RuleSpec(-(i + 1), str(spec.get("name") or where), priority, conditions, spec["group"]))
+                if active:
+                    name = str(spec.get("name") or where)
+                    rules.append(RuleSpec(-(i + 1), name, priority, conditions, spec["group"]))
     if errors:
         raise ReplayError({"config": errors})
     return groups, rules

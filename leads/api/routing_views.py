@@ -71,8 +71,9 @@ class ReplayInSerializer(StrictSerializer):
         required=False,
         allow_null=True,
         help_text='Proposed configuration, e.g. {"strategy": "weighted", "members": {"12": {"weight": 3}}} '
-        'for `group`; or {"groups": {slug: {...}}}; "rules": [{name, priority, conditions, group}] replaces '
-        "the active rules. Members take weight, active, max_open, max_per_day.",
+        'for `group`; or {"groups": {slug: {...}}}; "rules": [{name, priority, conditions, group, active}] '
+        "(as GET /api/v1/rules/ lists them; `id` is ignored, inactive ones are left out) replaces the active "
+        "rules. Members take weight, active, max_open, max_per_day.",
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

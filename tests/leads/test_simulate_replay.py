@@ -381,6 +381,30 @@ def test_replay_with_proposed_rules_moves_leads_between_groups(api, make_group):
     assert fr_counts == {f1.id: (0, 2), f2.id: (0, 1)}
 
 
+def test_the_rules_as_listed_can_be_proposed_back_and_an_inactive_one_routes_nothing(api, make_group):
+    """What if this rule were switched off? The list GET /api/v1/rules/ gives, with `active`
+    unticked on one, is a proposal: that rule is left out, as routing would leave it out."""
+    emea, (e1,) = make_group(1, slug="emea", is_default=True)
+    fr, (f1, f2) = make_group(2, slug="france")
+    rule = {
+        "name": "FR",
+        "priority": 1,
+        "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+        "group": "france",
+    }
+    assert api.post("/api/v1/rules/", rule, format="json").status_code == 201
+    for i in range(4):
+        post(api, country="FR" if i % 2 else "DE")
+    listed = api.get("/api/v1/rules/").json()["results"]
+    assert [r["active"] for r in listed] == [True]
+    result = replay(api, config={"rules": listed})
+    assert counts(result, "france")[0] == {f1.id: (1, 1), f2.id: (1, 1)} and result["changed"] == 0
+    result = replay(api, config={"rules": [{**listed[0], "active": False}]})
+    assert counts(result, "emea")[0] == {e1.id: (2, 4)}
+    assert counts(result, "france")[0] == {f1.id: (1, 0), f2.id: (1, 0)}
+    assert result["changed"] == 2
+
+
 def test_replay_of_the_current_configuration_runs_the_current_rules(api, make_group):
     """A rule added after the window is part of the current configuration: a replay without a
     proposal sends the window's leads where that rule sends them, also when it names a group."""
@@ -486,6 +510,9 @@ def test_replay_keeps_out_a_rep_whose_working_hours_cannot_be_read(api, make_gro
     assert per_rep == {broken.id: (0, 0), fine.id: (2, 3)}
 
 
+RULE_IN_POOL = {"name": "x", "conditions": [{"field": "country", "op": "equals", "value": "FR"}], "group": "pool"}
+
+
 @pytest.mark.parametrize(
     ("body", "field", "message"),
     [
@@ -503,6 +530,11 @@ def test_replay_keeps_out_a_rep_whose_working_hours_cannot_be_read(api, make_gro
             "field",
         ),
         ({"config": {"rules": [{"name": "x", "conditions": [], "group": "nope"}]}}, "config", "no group"),
+        # A proposed rule is one that could be saved: the API refuses these.
+        ({"config": {"rules": [{"name": "x", "conditions": [], "group": "pool"}]}}, "config", "at least one"),
+        ({"config": {"rules": [{**RULE_IN_POOL, "priority": -1}]}}, "config", "from 0 to 1000000"),
+        ({"config": {"rules": [{**RULE_IN_POOL, "active": "no"}]}}, "config", "active must be"),
+        ({"config": {"rules": [{**RULE_IN_POOL, "enabled": False}]}}, "config", "unknown key 'enabled'"),
         ({"group": "nope"}, "group", "No group"),
         ({"config": [1]}, "config", "Must be an object"),
         ({"until": "2020-01-01T00:00:00Z"}, "until", "after since"),
