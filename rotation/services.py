@@ -149,11 +149,10 @@ def group_delete(*, group: Group, actor: str) -> None:
     # The rotation row goes with the group: taken first, as routing takes it, with its timeout.
     _rotation_row_locked(group.pk)
     # Each member's trail ends with leaving the group, as when removed one by one.
-    members = list(Membership.objects.filter(group=group).order_by("position").values_list("rep_id", "position"))
+    removed = [(slug, m) for m in Membership.objects.filter(group=group).order_by("position")]
     before = {"before": _values(group, _field_names(group))}
     group.delete()
     deleted = Event(AuditEvent.Type.GROUP_CHANGED, actor, group=slug, explanation={"action": "deleted", **before})
-    removed = [(slug, rep_id, position) for rep_id, position in members]
     audit_record_many(events=[deleted, *_removals(removed, actor=actor, because="group deleted")])
 
 
@@ -187,9 +186,9 @@ def rep_delete(*, rep: Rep, actor: str) -> None:
     """Deletes a rep (its memberships and accounts with it), each group's and account's trail
     ending with the removal."""
     rep_id = rep.pk
-    removed = list(
-        Membership.objects.filter(rep=rep).order_by("group_id").values_list("group__slug", "rep_id", "position")
-    )
+    removed = [
+        (m.group.slug, m) for m in Membership.objects.filter(rep=rep).select_related("group").order_by("group_id")
+    ]
     # Its accounts go with it (the foreign key cascades): their trails end here too.
     accounts = list(Account.objects.filter(owner=rep).order_by("domain").values_list("domain", flat=True))
     before = {"before": _values(rep, _field_names(rep))}
@@ -292,8 +291,9 @@ def membership_remove(*, membership: Membership, actor: str) -> None:
     """Leaves the rotation without touching the pointer; added again, the rep is a new joiner.
     Its own place on the weighted clock goes with it (under the rotation lock): routing drops
     it at the next lead anyway, but a rep added back before that would have found it."""
-    removed = (membership.group.slug, membership.rep_id, membership.position)
     state = _rotation_row_locked(membership.group_id)
+    # The row as stored (an admin form may hold edits; escalation may have paused it).
+    removed = (membership.group.slug, Membership.objects.filter(pk=membership.pk).first() or membership)
     if state is not None and str(membership.rep_id) in (state.current_weights or {}):
         state.current_weights = {k: v for k, v in state.current_weights.items() if k != str(membership.rep_id)}
         state.save(update_fields=["current_weights", "updated_at"])
@@ -301,18 +301,25 @@ def membership_remove(*, membership: Membership, actor: str) -> None:
     audit_record_many(events=_removals([removed], actor=actor))
 
 
-def _removals(memberships: Iterable[tuple[str, int, int]], *, actor: str, because: str = "") -> list[Event]:
-    """The membership.changed events of members (group slug, rep id, position) leaving."""
+def _removals(memberships: Iterable[tuple[str, Membership]], *, actor: str, because: str = "") -> list[Event]:
+    """The membership.changed events of members (group slug, membership as it was) leaving,
+    each with a snapshot of the membership (weight, caps, paused...), as a deleted group, rep
+    or rule leaves one: re-adding the member as it was needs it."""
     extra = {"because": because} if because else {}
     return [
         Event(
             AuditEvent.Type.MEMBERSHIP_CHANGED,
             actor,
             group=slug,
-            rep_id=rep_id,
-            explanation={"action": "removed", "position": position, **extra},
+            rep_id=m.rep_id,
+            explanation={
+                "action": "removed",
+                "position": m.position,
+                **extra,
+                "before": _values(m, _field_names(m)),
+            },
         )
-        for slug, rep_id, position in memberships
+        for slug, m in memberships
     ]
 
 

@@ -335,3 +335,26 @@ def test_a_rep_is_named_by_its_id_in_ascii_digits_only(api, spelled):
         assert r.status_code == 404 and r.json() == {"detail": "Not found."}, r.content
     assert not Rep.objects.filter(name="X").exists()
     assert api.patch("/api/v1/reps/70/", {"name": "X"}, format="json").status_code == 200
+
+
+def test_a_removed_member_leaves_a_snapshot_of_its_settings(api, make_group):
+    """As a deleted group, rep or rule does: the trail says what the member's weight, caps and
+    pause were, so that it can be put back as it was."""
+    group, (a, b) = make_group(2, slug="g")
+    body = {"weight": 3, "max_open": 5, "max_per_day": 2, "active": False}
+    assert api.patch(f"/api/v1/groups/g/members/{a.id}/", body, format="json").status_code == 200
+    assert api.delete(f"/api/v1/groups/g/members/{a.id}/").status_code == 204
+    assert api.delete("/api/v1/groups/g/").status_code == 204  # b goes with the group
+    removed = {
+        e.rep_id: e.explanation
+        for e in AuditEvent.objects.filter(type="membership.changed", group="g", explanation__action="removed")
+    }
+    assert removed[a.id]["position"] == 0
+    assert {k: removed[a.id]["before"][k] for k in ("weight", "max_open", "max_per_day", "active", "position")} == {
+        "weight": 3,
+        "max_open": 5,
+        "max_per_day": 2,
+        "active": False,
+        "position": 0,
+    }
+    assert removed[b.id]["because"] == "group deleted" and removed[b.id]["before"]["weight"] == 1
