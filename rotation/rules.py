@@ -111,11 +111,14 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
 
 def _never_matches(field: str, op: str, value: Any) -> str | None:
     """Why a well-formed condition could still never hold for any lead (or None): a lead's
-    country is an ISO code, its email domain has no @, its score (0-100) and size (0 or
-    more) are numbers, its attribute names are short."""
+    empty field is an absent one, its country is an ISO code, its email domain has no @, its
+    score (0-100) and size (0 or more) are numbers, its attribute names are short."""
     if field.startswith("attributes.") and len(field) - len("attributes.") > MAX_ATTRIBUTE_KEY:
         return f"attribute names are at most {MAX_ATTRIBUTE_KEY} characters."
     values = value if op in ("in", "not_in") else [value] if op == "equals" else []
+    if op in ("equals", "in") and "" in values:
+        # An empty field is an absent one: it equals nothing, not even "".
+        return f"an empty value never matches; to match a lead without {field}, use exists with false."
     if field == "country":
         bad = [v for v in values if not isinstance(v, str) or not v.isascii() or v.upper() not in COUNTRY_CODES]
         if bad:

@@ -98,6 +98,9 @@ def test_condition_table(field, op, value, holds):
         ([{"field": "email_domain", "op": "equals", "value": "@acme.example"}], "follows the @"),
         ([{"field": "email_domain", "op": "in", "value": ["acme.example", "jo@acme.example"]}], "follows the @"),
         ([{"field": "email_domain", "op": "contains", "value": "@acme"}], "follows the @"),
+        # An empty field is absent: it equals nothing, not even "" (exists false finds it).
+        ([{"field": "region", "op": "equals", "value": ""}], "use exists with false"),
+        ([{"field": "attributes.plan", "op": "in", "value": ["pro", ""]}], "empty value never matches"),
         # A lead's score is 0-100 and its company size never negative.
         ([{"field": "score", "op": "gte", "value": 101}], "score is from 0 to 100"),
         ([{"field": "score", "op": "lte", "value": -1}], "score is from 0 to 100"),
@@ -129,6 +132,7 @@ def test_validation_names_the_problem(conditions, message):
         {"field": "score", "op": "gte", "value": 100},
         {"field": "score", "op": "lte", "value": 0},
         {"field": "score", "op": "not_in", "value": [0, 200]},  # out of range: holds, harmless
+        {"field": "region", "op": "not_in", "value": [""]},  # holds for every lead, harmless
         {"field": "company_size", "op": "gte", "value": 10**9},
     ],
 )
