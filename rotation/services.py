@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Max, Model, Q
+from django.db.models import PROTECT, Max, Model, ProtectedError, Q
 
 from audit.models import AuditEvent
 from audit.services import Event, audit_record, audit_record_many
@@ -143,9 +143,35 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
     return group
 
 
+class InUse(ProtectedError):
+    """A group (or rep) that rows point at through a protected foreign key: kept."""
+
+    def __init__(self, what: list[str]) -> None:
+        super().__init__(f"In use by {', '.join(what)}.", set())
+        self.what = what
+
+
+def _kept_by(obj: Model) -> list[str]:
+    """What keeps `obj` from being deleted: the kinds of rows that point at it through a
+    protected foreign key, one indexed EXISTS each. Django's delete loads every such row
+    before it refuses (a busy group's year of leads and assignments: seconds)."""
+    kept = []
+    for rel in obj._meta.related_objects:
+        model = rel.related_model
+        if rel.on_delete is not PROTECT or isinstance(model, str):
+            continue
+        if model._base_manager.filter(**{rel.field.name: obj}).exists():
+            kept.append(str(model._meta.verbose_name_plural))
+    return kept
+
+
 @transaction.atomic
 def group_delete(*, group: Group, actor: str) -> None:
     slug = group.slug
+    # Refused before the rotation row is taken: routing into the group never waits on a
+    # delete that cannot happen. (Leads arriving meanwhile are refused by the delete itself.)
+    if kept := _kept_by(group):
+        raise InUse(kept)
     # The rotation row goes with the group: taken first, as routing takes it, with its timeout.
     _rotation_row_locked(group.pk)
     # Each member's trail ends with leaving the group, as when removed one by one.

@@ -66,6 +66,9 @@ class GroupViewSet(viewsets.ModelViewSet):
     def perform_destroy(self, instance: Group) -> None:
         try:
             services.group_delete(group=instance, actor=actor_of(self.request))
+        except services.InUse as exc:
+            kept = ", ".join(exc.what)
+            raise Conflict(f"The group has {kept}; deactivate it instead (active: false).") from None
         except ProtectedError:
             raise Conflict("The group has leads or rules; deactivate it instead (active: false).") from None
 

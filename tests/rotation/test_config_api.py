@@ -67,6 +67,16 @@ def test_group_with_leads_cannot_be_deleted(api, make_group):
     assert r.status_code == 409 and "deactivate" in r.json()["detail"]
 
 
+def test_a_group_kept_by_a_rule_says_so(api, make_group):
+    make_group(1, slug="ruled")
+    rule = {"name": "r", "conditions": [{"field": "country", "op": "equals", "value": "FR"}], "group": "ruled"}
+    assert api.post("/api/v1/rules/", rule, format="json").status_code == 201
+    r = api.delete("/api/v1/groups/ruled/")
+    assert r.status_code == 409
+    assert r.json()["detail"] == "The group has routing rules; deactivate it instead (active: false)."
+    assert Group.objects.filter(slug="ruled").exists()
+
+
 def test_reps(api):
     r = api.post(
         "/api/v1/reps/", {"name": "Ada", "email": "ada@sales.example", "timezone": "Europe/London"}, format="json"

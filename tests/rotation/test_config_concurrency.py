@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from audit.models import AuditEvent
 from rotation import services
 from rotation.models import Group, Membership, RotationState
+from tests.conftest import lead_body
 from tests.factories import GroupFactory, RepFactory, api_client_with
 from tests.leads.test_concurrency import http_client
 
@@ -408,3 +409,21 @@ def test_a_rep_edit_waits_for_a_reassign_no_longer_than_the_lock_timeout(setting
     assert (Rep.objects.get(pk=rep.pk).name, AuditEvent.objects.count()) == ("Before", before)
     assert edit().status_code == 200
     assert Rep.objects.get(pk=rep.pk).name == "After"
+
+
+def test_a_group_delete_that_cannot_happen_never_waits_for_routing(settings):
+    """A group with leads is kept (409). Finding that out must not take its rotation row: it
+    was taken first, and Django's delete then loaded every lead and assignment of the group
+    before refusing, seconds for a busy group, during which its intake got 503s."""
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    _client, token = api_client_with(["intake", "manage"])
+    group = GroupFactory(slug="busy")
+    services.membership_add(group=group, rep=RepFactory(), actor="test")
+    assert http_client(token).post("/api/v1/leads/", lead_body(group="busy"), "application/json").status_code == 201
+    before = (Group.objects.count(), Membership.objects.count(), AuditEvent.objects.count())
+
+    r, _elapsed, waited = while_routing_holds(group, lambda: http_client(token).delete("/api/v1/groups/busy/"))
+    assert not waited
+    assert r.status_code == 409, r.content  # not a 503: it never asked for the rotation row
+    assert r.json()["detail"].startswith("The group has leads, assignments;")
+    assert (Group.objects.count(), Membership.objects.count(), AuditEvent.objects.count()) == before
