@@ -76,9 +76,14 @@ class IdFilter(django_filters.NumberFilter):
     field_class = forms.IntegerField
 
 
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": 64})
+class SlugFilter(django_filters.CharFilter):
+    """A group's slug: given empty, a 400 (StrictFilterSet), never every lead."""
+
+
 class LeadFilter(StrictFilterSet):
     status = django_filters.ChoiceFilter(choices=LeadStatus.choices)
-    group = django_filters.CharFilter(field_name="group__slug", max_length=64)
+    group = SlugFilter(field_name="group__slug", max_length=64)
     owner = IdFilter(field_name="owner_id", min_value=1, max_value=2**63 - 1)
     created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
 
