@@ -413,10 +413,13 @@ def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = 
     if not change.fields:
         return rule
     explanation = change.explanation(rule, rule=rule.name)
+    if "group_id" in change.fields:  # the group as the API and the trail name it, beside its id
+        explanation["changes"]["group"] = rule.group.slug
     events = [Event(AuditEvent.Type.RULE_CHANGED, actor, group=rule.group.slug, explanation=explanation)]
     if "group_id" in change.before:  # moved: the trail of the group it sent leads to says so too
         old = Group.objects.filter(pk=change.before["group_id"]).values_list("slug", flat=True).first()
         if old:
+            explanation["before"]["group"] = old
             events.append(Event(AuditEvent.Type.RULE_CHANGED, actor, group=old, explanation=explanation))
     audit_record_many(events=events)
     return rule
@@ -425,6 +428,7 @@ def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = 
 @transaction.atomic
 def rule_delete(*, rule: RoutingRule, actor: str) -> None:
     name, group, before = rule.name, rule.group.slug, _values(rule, _field_names(rule))
+    before["group"] = group
     rule.delete()
     audit_record(
         type=AuditEvent.Type.RULE_CHANGED,

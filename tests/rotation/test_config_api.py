@@ -232,11 +232,16 @@ def test_config_events_say_what_a_value_was_before_and_a_moved_rule_shows_in_bot
     moved = AuditEvent.objects.filter(type="rule.changed").order_by("-id")[:2]
     assert {e.group for e in moved} == {"emea", "apac"}
     assert all(e.explanation["before"]["group_id"] != e.explanation["changes"]["group_id"] for e in moved)
+    # Named as the API names groups, not only by their ids.
+    assert all((e.explanation["before"]["group"], e.explanation["changes"]["group"]) == ("emea", "apac") for e in moved)
+    created = AuditEvent.objects.filter(type="rule.changed", explanation__action="created").get()
+    assert created.explanation["changes"]["group"] == "emea"
 
     assert api.delete(f"/api/v1/rules/{rule['id']}/").status_code == 204
     deleted = AuditEvent.objects.filter(type="rule.changed").latest("id")
     assert deleted.explanation["action"] == "deleted"
     assert deleted.explanation["before"]["conditions"] == rule["conditions"]
+    assert deleted.explanation["before"]["group"] == "apac"
 
 
 def test_patching_an_active_member_active_again_keeps_its_sla_miss_streak(api, make_group):
