@@ -144,7 +144,7 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
 
 
 class InUse(ProtectedError):
-    """A group (or rep) that rows point at through a protected foreign key: kept."""
+    """A group that rows point at through a protected foreign key (leads, rules): kept."""
 
     def __init__(self, what: list[str]) -> None:
         super().__init__(f"In use by {', '.join(what)}.", set())
