@@ -67,7 +67,7 @@ class GroupViewSet(viewsets.ModelViewSet):
         try:
             services.group_delete(group=instance, actor=actor_of(self.request))
         except services.InUse as exc:
-            kept = ", ".join(exc.what)
+            kept = " and ".join([", ".join(exc.what[:-1]), exc.what[-1]] if len(exc.what) > 1 else exc.what)
             raise Conflict(f"The group has {kept}; deactivate it instead (active: false).") from None
         except ProtectedError:
             raise Conflict("The group has leads or rules; deactivate it instead (active: false).") from None

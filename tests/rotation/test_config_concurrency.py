@@ -425,5 +425,5 @@ def test_a_group_delete_that_cannot_happen_never_waits_for_routing(settings):
     r, _elapsed, waited = while_routing_holds(group, lambda: http_client(token).delete("/api/v1/groups/busy/"))
     assert not waited
     assert r.status_code == 409, r.content  # not a 503: it never asked for the rotation row
-    assert r.json()["detail"].startswith("The group has leads, assignments;")
+    assert r.json()["detail"].startswith("The group has leads and assignments;")
     assert (Group.objects.count(), Membership.objects.count(), AuditEvent.objects.count()) == before
