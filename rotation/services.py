@@ -151,7 +151,7 @@ class InUse(ProtectedError):
         self.what = what
 
 
-def _kept_by(obj: Model) -> list[str]:
+def kept_by(obj: Model) -> list[str]:
     """What keeps `obj` from being deleted: the kinds of rows that point at it through a
     protected foreign key, one indexed EXISTS each. Django's delete loads every such row
     before it refuses (a busy group's year of leads and assignments: seconds)."""
@@ -170,7 +170,7 @@ def group_delete(*, group: Group, actor: str) -> None:
     slug = group.slug
     # Refused before the rotation row is taken: routing into the group never waits on a
     # delete that cannot happen. (Leads arriving meanwhile are refused by the delete itself.)
-    if kept := _kept_by(group):
+    if kept := kept_by(group):
         raise InUse(kept)
     # The rotation row goes with the group: taken first, as routing takes it, with its timeout.
     _rotation_row_locked(group.pk)
