@@ -675,7 +675,9 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
                 _queue(
                     lead,
                     decision.queue_reason
-                    or (f"no eligible rep in group '{group.slug}'" if facts else f"'{group.slug}' has no members"),
+                    or (
+                        f"no eligible rep in group '{group.slug}'" if facts else f"group '{group.slug}' has no members"
+                    ),
                 )
             else:
                 reason = decision.reason if decision.reason == ownership.OWNER_MATCH else Assignment.Reason.REROUTE

@@ -198,6 +198,16 @@ def test_reroute_with_no_eligible_rep_queues(api, make_group):
     assert body["status"] == "queued" and body["owner"] is None and "no eligible rep" in body["queue_reason"]
 
 
+def test_reroute_into_a_group_with_no_members_queues_with_intakes_reason(api, make_group):
+    emea, _ = make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    emea.memberships.all().delete()
+    body = api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json").json()
+    assert body["status"] == "queued" and body["queue_reason"] == "group 'emea' has no members"
+    fresh = post(api, group="emea")  # as intake words it
+    assert fresh["queue_reason"] == body["queue_reason"]
+
+
 def test_reroute_into_an_inactive_group_names_the_group_in_the_trail(api, make_group):
     """The trail of a lead rerouted into an inactive group said "no group" while the lead stood
     in that group, queued."""
