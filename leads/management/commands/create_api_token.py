@@ -1,7 +1,11 @@
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 
 from leads.models import ApiClient
-from leads.tokens import api_client_create
+from leads.tokens import api_client_audit_created, api_client_create
+
+# Who created the token, in its `client.changed` event (the admin's say `admin:<username>`).
+ACTOR = "system:create_api_token"
 
 
 class Command(BaseCommand):
@@ -23,11 +27,13 @@ class Command(BaseCommand):
         if ApiClient.objects.filter(name=name).exists():
             raise CommandError(f"An API client named '{name}' exists already.")
         try:
-            _client, token = api_client_create(
-                name=name,
-                scopes=[s.strip() for s in scopes.split(",") if s.strip()],
-                rate_limit_per_minute=rate_limit,
-            )
+            with transaction.atomic():
+                client, token = api_client_create(
+                    name=name,
+                    scopes=[s.strip() for s in scopes.split(",") if s.strip()],
+                    rate_limit_per_minute=rate_limit,
+                )
+                api_client_audit_created(client=client, actor=ACTOR)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(token)

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from leads.models import ApiClient
-from leads.tokens import api_client_create
+from leads.tokens import api_client_audit_created, api_client_create, api_client_delete
 from rotation import services
 from rotation.models import Group, Membership, Rep, RoutingRule
 
@@ -91,8 +91,12 @@ class Command(BaseCommand):
             admin.set_password(password)
             admin.save(update_fields=["password"])
 
-        ApiClient.objects.filter(name="demo").delete()
-        _client, token = api_client_create(name="demo", scopes=["intake", "read", "manage"])
+        # The demo token is replaced on every run, audited as any token created or deleted is.
+        with transaction.atomic():
+            for old in ApiClient.objects.filter(name="demo"):
+                api_client_delete(client=old, actor=ACTOR)
+            client, token = api_client_create(name="demo", scopes=["intake", "read", "manage"])
+            api_client_audit_created(client=client, actor=ACTOR)
 
         self.stdout.write(self.style.SUCCESS("Demo data loaded."))
         self.stdout.write(f"Admin:  {base_url}/admin/  login admin / {password}")

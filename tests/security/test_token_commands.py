@@ -1,0 +1,52 @@
+"""Tokens made from the command line (`create_api_token`, and `seed_demo`, which `make run`
+runs and which replaces the demo token each time) are audited as the admin's are: creating
+or deleting a token writes a `client.changed` event naming who did it, never the token."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from audit.models import AuditEvent
+from leads.models import ApiClient
+
+
+def _client_events() -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(type="client.changed").order_by("id"))
+
+
+@pytest.mark.django_db
+def test_create_api_token_writes_a_client_changed_event():
+    out = StringIO()
+    call_command("create_api_token", "my-form", "--scopes", "intake,read", stdout=out)
+    token = out.getvalue().strip()
+
+    (event,) = _client_events()
+    assert event.actor == "system:create_api_token"
+    assert event.explanation == {"api_client": "my-form", "change": "created", "scopes": ["intake", "read"]}
+    assert token not in str(event.explanation)
+
+
+@pytest.mark.django_db
+def test_create_api_token_refused_writes_nothing():
+    call_command("create_api_token", "my-form", "--scopes", "intake", stdout=StringIO())
+    with pytest.raises(CommandError, match="Unknown scopes"):
+        call_command("create_api_token", "other", "--scopes", "intake,admin", stdout=StringIO())
+    assert not ApiClient.objects.filter(name="other").exists()
+    assert [e.explanation["api_client"] for e in _client_events()] == ["my-form"]
+
+
+@pytest.mark.django_db
+def test_seed_demo_replacing_the_demo_token_is_audited():
+    call_command("seed_demo", "--admin-password", "first-pw-123", stdout=StringIO())
+    first = ApiClient.objects.get(name="demo")
+    call_command("seed_demo", "--admin-password", "second-pw-123", stdout=StringIO())
+    second = ApiClient.objects.get(name="demo")
+    assert second.pk != first.pk
+
+    changes = [(e.actor, e.explanation["api_client"], e.explanation["change"]) for e in _client_events()]
+    assert changes == [
+        ("system:seed_demo", "demo", "created"),
+        ("system:seed_demo", "demo", "deleted"),
+        ("system:seed_demo", "demo", "created"),
+    ]
