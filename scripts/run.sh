@@ -8,6 +8,8 @@ HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 # The links in notification e-mails (the lead in the admin, the rep's accept link).
 export PUBLIC_BASE_URL=${PUBLIC_BASE_URL:-http://$HOST:$PORT}
+# The printed curl and those links name $HOST: Django answers a host it does not allow with 400.
+export ALLOWED_HOSTS=${ALLOWED_HOSTS:-localhost,127.0.0.1,[::1],$HOST}
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-routing_project.settings.local}
 mkdir -p var/log
 # One Prometheus multiprocess directory for web, worker and beat, emptied before they start:

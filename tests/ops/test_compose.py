@@ -1,8 +1,14 @@
 """docker-compose.yml (the production shape) and scripts/run.sh, as their logs come out."""
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import pytest
 import yaml
+from django.http.request import split_domain_port, validate_host
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 
@@ -24,3 +30,50 @@ def test_make_run_starts_celery_without_the_banner():
     assert len(starts) == 3
     for line in starts:
         assert line.startswith('"$VENV/bin/celery" -A routing_project --quiet '), line
+
+
+def _run_sh_with_stubs(tmp_path: Path, **env: str) -> tuple[list[str], dict[str, str]]:
+    """Runs scripts/run.sh in a copy of the repository's layout whose virtual environment
+    holds stubs: python records its arguments, and gunicorn the environment it was given."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(COMPOSE.parent / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$*" >> "{tmp_path}/calls"\n')
+    # The workers and beat stay up until run.sh stops them, as real ones do: run.sh ends when
+    # its first process does, here the web server, once it has recorded its environment.
+    (bin_dir / "celery").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "gunicorn").write_text(f'#!/bin/sh\nenv > "{tmp_path}/gunicorn.env"\n')
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("ALLOWED_HOSTS", "HOST", "PORT", "PUBLIC_BASE_URL")}
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "run.sh")],
+        env={**base, "VENV": ".venv", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    web_env = dict(line.split("=", 1) for line in (tmp_path / "gunicorn.env").read_text().splitlines() if "=" in line)
+    return (tmp_path / "calls").read_text().splitlines(), web_env
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "10.1.2.3"])  # noqa: S104
+def test_make_run_serves_the_host_its_printed_curl_names(tmp_path, host):
+    # `HOST=... make run`: seed_demo prints a curl to http://HOST:PORT/, and the web server
+    # must accept that Host header (Django answers a host not in ALLOWED_HOSTS with 400).
+    calls, web_env = _run_sh_with_stubs(tmp_path, HOST=host, PORT="18999")
+    (seed,) = [c for c in calls if c.startswith("manage.py seed_demo")]
+    base_url = seed.split("--base-url ", 1)[1].split()[0]
+    assert base_url == f"http://{host}:18999"
+    allowed = web_env.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")  # else the default
+    assert validate_host(split_domain_port(urlsplit(base_url).netloc)[0], allowed), allowed
+    assert web_env["PUBLIC_BASE_URL"] == base_url
+    for loopback in ("localhost", "127.0.0.1", "[::1]"):
+        assert validate_host(split_domain_port(loopback)[0], allowed)
+
+
+def test_make_run_keeps_allowed_hosts_it_is_given(tmp_path):
+    _calls, web_env = _run_sh_with_stubs(tmp_path, HOST="0.0.0.0", ALLOWED_HOSTS="leads.example.com")  # noqa: S104
+    assert web_env["ALLOWED_HOSTS"] == "leads.example.com"
