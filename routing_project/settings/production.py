@@ -3,11 +3,17 @@ import os
 # Production borrows connections from psycopg's pool (DB_POOL=false: persistent connections).
 os.environ.setdefault("DB_POOL", "true")
 
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
 from .base import *  # noqa: E402, F403
 from .base import LOGGING, env  # noqa: E402
 
-# No default: production refuses to start without a real secret.
+# No default: production refuses to start without a real secret. Set but empty counts as
+# missing: docker-compose.yml passes `${SECRET_KEY:-}`, and Django would otherwise start and
+# then answer every request with a 500.
 SECRET_KEY = env("SECRET_KEY")
+if not SECRET_KEY.strip():
+    raise ImproperlyConfigured("SECRET_KEY is empty: set it to a long random value.")
 DEBUG = False
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
