@@ -50,3 +50,36 @@ def test_seed_demo_replacing_the_demo_token_is_audited():
         ("system:seed_demo", "demo", "deleted"),
         ("system:seed_demo", "demo", "created"),
     ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scopes", ""], "--scopes must name at least one"),
+        (["--scopes", " , "], "--scopes must name at least one"),
+        (["--rate-limit", "0"], "--rate-limit is a number of requests a minute"),
+        (["--rate-limit", str(2**31)], "--rate-limit is a number of requests a minute"),
+    ],
+)
+def test_create_api_token_refuses_bad_scopes_and_limits_by_name(args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("create_api_token", "my-form", *args, stdout=StringIO())
+    assert not ApiClient.objects.exists()
+    assert not _client_events()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["", "   ", "x" * 101])
+def test_create_api_token_refuses_a_blank_or_too_long_name(name):
+    with pytest.raises(CommandError, match="The name must be 1 to 100 characters"):
+        call_command("create_api_token", name, "--scopes", "intake", stdout=StringIO())
+    assert not ApiClient.objects.exists()
+
+
+@pytest.mark.django_db
+def test_create_api_token_trims_the_name():
+    call_command("create_api_token", " my-form ", "--scopes", "intake", stdout=StringIO())
+    assert ApiClient.objects.get().name == "my-form"
+    with pytest.raises(CommandError, match="exists already"):
+        call_command("create_api_token", "my-form", "--scopes", "intake", stdout=StringIO())
