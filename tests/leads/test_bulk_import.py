@@ -265,6 +265,19 @@ def test_the_command_reports_and_counts(make_group, tmp_path: Path, capsys):
         call_command("import_leads", str(path), "--no-progress")
 
 
+def test_the_command_refuses_a_negative_show_errors(make_group, tmp_path: Path):
+    # A negative count printed "... and 1 more bad rows" for a file without a bad row.
+    make_group(1, slug="emea")
+    path = tmp_path / "leads.csv"
+    path.write_text(HEADER + "\n".join(good_rows(2)) + "\n")
+    with pytest.raises(CommandError, match="--show-errors must be 0 or more"):
+        call_command("import_leads", str(path), "--no-progress", "--show-errors", "-1")
+    assert not Lead.objects.exists()
+    err = io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", "--show-errors", "0", stdout=io.StringIO(), stderr=err)
+    assert Lead.objects.count() == 2 and "more bad rows" not in err.getvalue()
+
+
 def test_the_progress_bar_ends_full_when_a_cell_spans_lines(make_group, tmp_path: Path):
     make_group(1, slug="emea")
     path = tmp_path / "leads.csv"

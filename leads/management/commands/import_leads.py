@@ -30,6 +30,8 @@ class Command(BaseCommand):
             raise CommandError(f"No such file: {path}")
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.")
+        if options["show_errors"] < 0:
+            raise CommandError("--show-errors must be 0 or more.")
         actor = f"import:{getpass.getuser()}:{path.name}"
         started = time.perf_counter()
         bar = tqdm(
