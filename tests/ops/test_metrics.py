@@ -232,6 +232,16 @@ def test_serve_metrics_without_a_sample_directory_says_what_to_set(monkeypatch):
         call_command("serve_metrics")
 
 
+@pytest.mark.parametrize("port", ["65536", "99999", "-1"])
+def test_serve_metrics_refuses_a_port_out_of_range_by_name(monkeypatch, tmp_path, port):
+    # It ended in an OverflowError traceback from bind().
+    from django.core.management import CommandError, call_command
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    with pytest.raises(CommandError, match="--port .*: a TCP port is 0 to 65535"):
+        call_command("serve_metrics", "--port", port)
+
+
 @pytest.mark.django_db
 def test_http_methods_a_client_makes_up_share_one_label():
     """A client chooses the method token: each new one must not make a new series."""

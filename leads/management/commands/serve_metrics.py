@@ -34,6 +34,8 @@ class Command(BaseCommand):
                 "Set PROMETHEUS_MULTIPROC_DIR to the directory this host's workers write their samples to "
                 "(the same value as theirs)."
             )
+        if not 0 <= options["port"] <= 65535:
+            raise CommandError(f"--port {options['port']}: a TCP port is 0 to 65535.")
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=directory)
         try:
