@@ -118,8 +118,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Routing --------------------------------------------------------------------------------
 # How long a routing transaction waits for a group's rotation row before giving up with 503.
 ROUTING_LOCK_TIMEOUT_MS = env.int("ROUTING_LOCK_TIMEOUT_MS", default=2000)
+if ROUTING_LOCK_TIMEOUT_MS < 1:
+    # PostgreSQL reads a lock_timeout of 0 as "wait for ever": intake would hang, not 503.
+    raise ImproperlyConfigured(f"ROUTING_LOCK_TIMEOUT_MS is {ROUTING_LOCK_TIMEOUT_MS}: give at least 1 (ms).")
 # Deadlocks and serialization failures are retried this many times before a 503.
 ROUTING_MAX_RETRIES = env.int("ROUTING_MAX_RETRIES", default=3)
+if ROUTING_MAX_RETRIES < 0:
+    # Below 0 a routing transaction would not even be tried once.
+    raise ImproperlyConfigured(f"ROUTING_MAX_RETRIES is {ROUTING_MAX_RETRIES}: give 0 or more.")
 # Concurrent intakes of one web process share one routing transaction, up to this many leads
 # (leads/batching.py; PostgreSQL only). 1 turns batching off.
 INTAKE_BATCH_MAX = env.int("INTAKE_BATCH_MAX", default=32)

@@ -550,3 +550,25 @@ def test_a_retention_of_idempotency_keys_under_24_hours_is_refused_at_start():
     )
     assert done.returncode != 0
     assert "IDEMPOTENCY_TTL_HOURS is 12: keys are kept at least 24 hours." in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("ROUTING_LOCK_TIMEOUT_MS", "0", "ROUTING_LOCK_TIMEOUT_MS is 0: give at least 1 (ms)."),
+        ("ROUTING_LOCK_TIMEOUT_MS", "-5", "ROUTING_LOCK_TIMEOUT_MS is -5: give at least 1 (ms)."),
+        ("ROUTING_MAX_RETRIES", "-1", "ROUTING_MAX_RETRIES is -1: give 0 or more."),
+    ],
+)
+def test_a_routing_setting_that_would_hang_or_skip_intake_is_refused_at_start(name, value, message):
+    # A lock_timeout of 0 is PostgreSQL's "wait for ever" (a held rotation row would hang
+    # intake instead of answering 503), and fewer than 0 retries would never route at all.
+    import subprocess
+    import sys
+
+    env = {**os.environ, name: value, "DJANGO_SETTINGS_MODULE": "routing_project.settings.base"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0
+    assert message in done.stderr
