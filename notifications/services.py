@@ -330,7 +330,9 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             else:
                 _send_email(d)
         except DeliveryError as exc:
-            d.last_error = str(exc)[:2000]
+            # PostgreSQL text holds no NUL: a receiver's answer (or a malformed status line)
+            # carrying one would roll the attempt back, uncounted, to be retried for ever.
+            d.last_error = str(exc).replace("\x00", "\ufffd")[:2000]
             d.last_status_code = exc.status_code
             retry_in: float | None = None
             if d.attempts >= settings.NOTIFY_MAX_ATTEMPTS:

@@ -595,6 +595,47 @@ def test_an_http_error_answer_holds_nothing(make_group, receiver, settings):
     assert endpoint.unreachable_until is None
 
 
+def test_an_error_answer_with_a_nul_byte_is_counted_and_ends_failed(make_group, settings):
+    """PostgreSQL text holds no NUL: a receiver's error body carrying one must still be a
+    counted attempt (and, at the last one, a failed delivery), not a rollback retried for ever."""
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_MAX_ATTEMPTS = 2
+    group, reps = make_group(1)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b"upstream \x00 failure"
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{server.server_address[1]}/hooks")
+        with transaction.atomic():
+            message = services.outbox_add(
+                event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={}
+            )
+        [delivery_id] = services.outbox_dispatch(message_id=message.id)
+        assert services.delivery_attempt(delivery_id=delivery_id) is not None
+        d = Delivery.objects.get(pk=delivery_id)
+        assert (d.status, d.attempts, d.last_status_code) == ("pending", 1, 500)
+        assert d.last_error == "HTTP 500: upstream \ufffd failure"
+        make_due(delivery_id)
+        assert services.delivery_attempt(delivery_id=delivery_id) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    d.refresh_from_db()
+    assert (d.status, d.attempts) == ("failed", 2)
+
+
 @pytest.mark.parametrize(
     "url",
     ["http://[::1/", "ftp://x.example/", "http:///no-host", "http://a b.example/", "http://a\x00b/", "http://h:99999/"],
