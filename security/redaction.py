@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from django.http import HttpRequest
 
@@ -32,19 +33,39 @@ _PATTERNS = [
         r"(?:[\w\-]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|%[0-9a-fA-F]{2})+"
         r"(?:\.(?:[\w\-]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|%[0-9a-fA-F]{2})+)+"
     ),
-    # Phone numbers in their usual shapes (not dates, times or ids): international (+...),
-    # national with a leading 0 (01 23 45 67 89), North American ((555) 123-4567, 555-123-4567).
+]
+# Phone numbers in their usual shapes (not dates, times or ids): international (+...),
+# national with a leading 0 (01 23 45 67 89), North American ((555) 123-4567, 555-123-4567).
+_PHONE_PATTERNS = [
     re.compile(r"\+\d[\d\s().\-]{5,}\d"),
     re.compile(r"\b0\d(?:[\s.\-]?\d{2}){4}\b"),
     re.compile(r"\(\d{3}\)\s*\d{3}[\s.\-]?\d{4}\b"),
     re.compile(r"\b\d{3}[\s.\-]\d{3}[\s.\-]\d{4}\b"),
 ]
+_PATTERNS += _PHONE_PATTERNS
+
+# A run of characters a URL (a request line, a query string) keeps together.
+_URL_TOKEN = re.compile(r"[^\s\"'<>]+")
+_PLUS_BETWEEN_DIGITS = re.compile(r"(?<=\d)\+(?=\d)")
+
+
+def _url_phones(match: re.Match[str]) -> str:
+    """A phone number as a query string spells it (%2B33%206..., +33+6+12..., as gunicorn's
+    request line and runserver's log it): the token is decoded, and redacted if it holds one."""
+    token = match.group(0)
+    if "%" not in token and "+" not in token:
+        return token
+    decoded = _PLUS_BETWEEN_DIGITS.sub(" ", unquote(token))  # a "+" inside a number: a space
+    cleaned = decoded
+    for pattern in _PHONE_PATTERNS:
+        cleaned = pattern.sub(REDACTED, cleaned)
+    return cleaned if cleaned != decoded else token
 
 
 def redact(text: str) -> str:
     for pattern in _PATTERNS:
         text = pattern.sub(REDACTED, text)
-    return text
+    return _URL_TOKEN.sub(_url_phones, text)
 
 
 class RedactingFilter(logging.Filter):

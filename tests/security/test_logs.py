@@ -175,6 +175,29 @@ def test_the_filter_redacts_addresses_in_every_spelling_the_product_meets(addres
         assert fragment not in line, line
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "phone=%2B33612345678",  # the "+" percent-encoded
+        "phone=%2B33%206%2012%2034%2056%2078",
+        "phone=+33+6+12+34+56+78",  # form-encoded spaces
+        "phone=06%2012%2034%2056%2078",
+        "phone=%28555%29%20123-4567",
+        "phone=555%20123%204567",
+    ],
+)
+def test_the_filter_redacts_phone_numbers_as_a_query_string_spells_them(query):
+    """gunicorn's request line (WEB_ACCESS_LOG, its "Invalid request" errors) and runserver's
+    log the query string as the client sent it: a phone number there is percent-encoded."""
+    line = redact(f'127.0.0.1 - - "GET /api/v1/leads/?{query} HTTP/1.1" 400 80')
+    assert line == '127.0.0.1 - - "GET /api/v1/leads/?phone=[redacted] HTTP/1.1" 400 80'
+
+
+def test_the_filter_keeps_encoded_query_strings_without_a_phone_number():
+    for line in ("GET /x?ts=2026-11-29T20%3A00%3A00%2B00%3A00&n=12345678901234 200", "GET /x?a=1+2&b=50%25 200"):
+        assert redact(line) == line
+
+
 @pytest.mark.django_db
 def test_an_address_in_a_request_path_reaches_no_log_line(make_group):
     """A client looking a lead up by its address (/leads/<email>/: a 404) puts the address in
