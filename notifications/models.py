@@ -8,11 +8,17 @@ and exponential backoff. A periodic sweep picks up whatever a lost task left beh
 
 import secrets
 
+from django.core.validators import URLValidator
 from django.db import models
 from django.db.models import Q
 
 from rotation.models import Group, Rep
 from security.fields import SealedField
+
+# Deliveries are HTTP POSTs: an ftp:// address (which URLField takes) could never get one.
+_HTTP_URL = URLValidator(
+    schemes=["http", "https"], message="Enter an http:// or https:// URL: deliveries are POSTed.", code="not_http"
+)
 
 
 def new_secret() -> str:
@@ -23,7 +29,7 @@ class WebhookEndpoint(models.Model):
     """Where a group's lead events are POSTed, signed with the endpoint's secret."""
 
     group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="webhook_endpoints")
-    url = models.URLField(max_length=500)
+    url = models.URLField(max_length=500, validators=[_HTTP_URL])
     secret = SealedField(  # encrypted at rest (security/fields.py)
         default=new_secret,
         help_text="Signs each delivery: X-Signature: t=<unix>,v1=<hex HMAC-SHA256 of '<t>.<body>'>.",

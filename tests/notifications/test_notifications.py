@@ -385,6 +385,18 @@ def test_the_endpoint_secret_is_shown_once_and_can_be_rotated(admin_client, make
     assert endpoint.secret != old and endpoint.secret in r.content.decode()
 
 
+@pytest.mark.parametrize("url", ["ftp://crm.example/hook", "ftps://crm.example/hook"])
+def test_an_endpoint_address_that_cannot_be_posted_to_is_refused_in_the_admin(admin_client, make_group, url):
+    """Deliveries are HTTP POSTs: an address URLField takes but nothing can POST to would only
+    fill the delivery log with failures."""
+    group, _ = make_group(1, slug="emea")
+    r = admin_client.post("/admin/notifications/webhookendpoint/add/", {"group": group.pk, "url": url, "active": "on"})
+    assert r.status_code == 200 and r.context["adminform"].form.errors["url"] == [
+        "Enter an http:// or https:// URL: deliveries are POSTed."
+    ]
+    assert not WebhookEndpoint.objects.exists()
+
+
 @pytest.mark.postgres
 def test_one_drain_is_published_for_messages_committed_while_one_is_queued(
     post_lead, make_group, monkeypatch, django_capture_on_commit_callbacks
