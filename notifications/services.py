@@ -324,6 +324,8 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             return (held - now).total_seconds()
         d.attempts += 1
         d.last_attempt_at = now
+        if d.endpoint is not None:
+            d.target = d.endpoint.url  # re-pointed since: the log names where this attempt went
         try:
             if d.channel == Delivery.Channel.WEBHOOK:
                 d.last_status_code = _send_webhook(d)
@@ -343,6 +345,7 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             d.save(
                 update_fields=[
                     "attempts",
+                    "target",
                     "last_attempt_at",
                     "last_error",
                     "last_status_code",
@@ -360,7 +363,8 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             logger.info("delivery %s (%s) attempt %s failed: %s", d.id, d.channel, d.attempts, type(exc).__name__)
             return retry_in
         d.status, d.sent_at, d.last_error = Delivery.Status.SENT, timezone.now(), ""
-        d.save(update_fields=["attempts", "last_attempt_at", "last_status_code", "status", "sent_at", "last_error"])
+        sent = ["attempts", "target", "last_attempt_at", "last_status_code", "status", "sent_at", "last_error"]
+        d.save(update_fields=sent)
         if held is not None and d.endpoint_id is not None:  # answering again: its held deliveries go at their next try
             WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(unreachable_until=None)
         return None

@@ -592,6 +592,26 @@ def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(m
         server.server_close()
 
 
+def test_a_repointed_endpoint_gets_the_retries_and_the_log_says_so(make_group, receiver, settings):
+    """An endpoint given a new URL in the admin (the old receiver is down) takes the pending
+    retries there: the delivery log names the address each delivery was last sent to."""
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(1)
+    endpoint = WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/old")  # nothing listens
+    with transaction.atomic():
+        message = services.outbox_add(
+            event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={}
+        )
+    [delivery_id] = services.outbox_dispatch(message_id=message.id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url=receiver.url, unreachable_until=None)
+    make_due(delivery_id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts, d.target) == ("sent", 2, receiver.url)
+    assert len(receiver.requests) == 1
+
+
 def test_an_http_error_answer_holds_nothing(make_group, receiver, settings):
     settings.NOTIFY_REP_EMAIL = False
     receiver.statuses = [503]
