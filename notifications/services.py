@@ -324,8 +324,12 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             return (held - now).total_seconds()
         d.attempts += 1
         d.last_attempt_at = now
+        # Where this attempt goes, as the log names it: an endpoint re-pointed since, or a rep's
+        # address corrected since (the old one refused), takes the retries at its new address.
         if d.endpoint is not None:
-            d.target = d.endpoint.url  # re-pointed since: the log names where this attempt went
+            d.target = d.endpoint.url
+        elif d.channel == Delivery.Channel.EMAIL and d.rep is not None:
+            d.target = d.rep.email
         try:
             if d.channel == Delivery.Channel.WEBHOOK:
                 d.last_status_code = _send_webhook(d)

@@ -612,6 +612,31 @@ def test_a_repointed_endpoint_gets_the_retries_and_the_log_says_so(make_group, r
     assert len(receiver.requests) == 1
 
 
+def test_an_email_retry_goes_to_the_reps_corrected_address(make_group, settings):
+    """A rep's address the mail server refused, corrected by sales ops meanwhile: the retries
+    go to the new address, and the delivery log names it."""
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", 9, 1  # nothing listens
+    group, reps = make_group(1)
+    with transaction.atomic():
+        message = services.outbox_add(
+            event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={}
+        )
+    [delivery_id] = services.outbox_dispatch(message_id=message.id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    assert Delivery.objects.get(pk=delivery_id).target == reps[0].email
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    reps[0].email = "corrected@corp.example"
+    reps[0].save(update_fields=["email"])
+    make_due(delivery_id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts, d.target) == ("sent", 2, "corrected@corp.example")
+    [email] = mail.outbox
+    assert email.to == ["corrected@corp.example"]
+
+
 def test_an_http_error_answer_holds_nothing(make_group, receiver, settings):
     settings.NOTIFY_REP_EMAIL = False
     receiver.statuses = [503]
