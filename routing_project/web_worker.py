@@ -25,6 +25,8 @@ from typing import Any
 from gunicorn import glogging
 from gunicorn.workers.gthread import ThreadWorker
 
+from routing_project.logging import request_id_var
+
 MAX_WORKERS = 64
 # How often a worker that is not listening compares its count with its siblings' again.
 RECHECK_S = 0.005
@@ -142,5 +144,14 @@ class AccessLogger(glogging.Logger):
         return bool(self.cfg.accesslog)
 
     def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
-        if self.cfg.accesslog:
+        if not self.cfg.accesslog:
+            return
+        # Written once the application has answered and let go of the request's id: the line
+        # carries the id the answer echoes, as every other line of the request does.
+        request_id = next((value for name, value in resp.headers if name.lower() == "x-request-id"), None)
+        token = request_id_var.set(request_id) if request_id else None
+        try:
             super().access(resp, req, environ, request_time)
+        finally:
+            if token is not None:
+                request_id_var.reset(token)

@@ -62,6 +62,27 @@ def test_gunicorns_access_log_is_redacted_as_every_other_log(tmp_path):
     assert "zelda" not in logged and "555-123-4567" not in logged, logged
 
 
+def test_gunicorns_access_lines_carry_the_request_id(tmp_path):
+    """Every line of a request carries its id: gunicorn's access line too (WEB_ACCESS_LOG),
+    although gunicorn writes it after the application has let go of the request."""
+    access = tmp_path / "access.log"
+    with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2", WEB_ACCESS_LOG=str(access)) as server:
+        echoed = []
+        for headers in ({"X-Request-ID": "probe-access-1"}, {}):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            conn.request("GET", "/api/v1/leads/", headers=headers)
+            response = conn.getresponse()
+            response.read()
+            echoed.append(response.getheader("X-Request-ID"))
+            conn.close()
+        deadline = time.monotonic() + 5
+        while access.read_text().count("/api/v1/leads/") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    lines = [json.loads(line) for line in access.read_text().splitlines() if "/api/v1/leads/" in line]
+    assert echoed[0] == "probe-access-1" and echoed[1]
+    assert [line["request_id"] for line in lines] == echoed, lines
+
+
 def test_the_web_servers_own_lines_are_json_and_redacted(tmp_path):
     # gunicorn logs a malformed request with the part it could not parse: its own lines must
     # go through the product's handler (JSON, redaction), never to stderr as they are.
