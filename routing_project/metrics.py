@@ -192,8 +192,9 @@ class DatabaseGauges(Collector):
             now: datetime = timezone.now()
             # Every group has its series, at 0 when nothing is queued or late: a drained queue
             # reads 0, not "no data" (a series that vanishes cannot be told from a failed read).
-            queued = dict.fromkeys(Group.objects.values_list("slug", flat=True), 0)
-            late = dict(queued)
+            late: dict[str | None, int] = dict.fromkeys(Group.objects.values_list("slug", flat=True), 0)
+            # And the leads no group holds (no rule matched, no default group), as "none".
+            queued = {**late, None: 0}
             queued.update(
                 Lead.objects.filter(status=LeadStatus.QUEUED)
                 .order_by()
@@ -208,8 +209,11 @@ class DatabaseGauges(Collector):
                 .annotate(n=Count("id"))
                 .values_list("group__slug", "n")
             )
-            for slug, n in queued.items():
-                queue.add_metric([_group(slug)], n)
+            depth: dict[str, int] = {}
+            for slug, n in queued.items():  # one sample per label, should a group be named "none"
+                depth[_group(slug)] = depth.get(_group(slug), 0) + n
+            for label, n in depth.items():
+                queue.add_metric([label], n)
             for slug, n in late.items():
                 overdue.add_metric([_group(slug)], n)
             up.add_metric([], 1)

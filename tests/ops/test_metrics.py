@@ -288,6 +288,25 @@ def test_a_drained_queue_and_a_group_without_late_assignments_read_zero(make_gro
 
 
 @pytest.mark.django_db
+def test_the_queue_of_leads_no_group_holds_reads_zero_once_drained(make_group, post_lead, api):
+    """Leads no rule sent anywhere, with no default group, wait in the queue under "none": that
+    series reads 0 once a manager has dealt with them, as every group's does."""
+    make_group(1)
+    lead = post_lead().json()
+    assert (lead["status"], lead["group"]) == ("queued", None)
+    assert value(scrape(), "leadrouter_queue_depth", group="none") == 1
+    assert api.post(f"/api/v1/leads/{lead['id']}/close/", {"outcome": "lost"}, format="json").status_code == 200
+    assert scrape()[("leadrouter_queue_depth", (("group", "none"),))] == 0
+    # A group named "none" shares the label: one sample (a repeated series fails the scrape).
+    make_group(0, slug="none")
+    post_lead(group="none")
+    text = APIClient().get("/metrics").content.decode()
+    assert [line for line in text.splitlines() if line.startswith('leadrouter_queue_depth{group="none"}')] == [
+        'leadrouter_queue_depth{group="none"} 1.0'
+    ]
+
+
+@pytest.mark.django_db
 def test_an_sla_missed_without_an_escalation_is_a_breach_too(
     make_group, post_lead, api, django_capture_on_commit_callbacks
 ):
