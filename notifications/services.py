@@ -364,7 +364,16 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
                 WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(
                     unreachable_until=now + timedelta(seconds=backoff_seconds(d.attempts))
                 )
-            logger.info("delivery %s (%s) attempt %s failed: %s", d.id, d.channel, d.attempts, type(exc).__name__)
+            # What went wrong, without the error's text (an SMTP refusal names the address): the
+            # HTTP status, else the kind of error. A delivery given up on is a warning.
+            cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "no answer"
+            outcome = f"HTTP {exc.status_code}" if exc.status_code is not None else cause
+            if d.status == Delivery.Status.FAILED:
+                logger.warning(
+                    "delivery %s (%s) failed for good after %s attempts: %s", d.id, d.channel, d.attempts, outcome
+                )
+            else:
+                logger.info("delivery %s (%s) attempt %s failed: %s", d.id, d.channel, d.attempts, outcome)
             return retry_in
         d.status, d.sent_at, d.last_error = Delivery.Status.SENT, timezone.now(), ""
         sent = ["attempts", "target", "last_attempt_at", "last_status_code", "status", "sent_at", "last_error"]

@@ -693,6 +693,33 @@ def test_an_error_answer_with_a_nul_byte_is_counted_and_ends_failed(make_group, 
     assert (d.status, d.attempts) == ("failed", 2)
 
 
+def test_the_log_says_what_failed_and_warns_when_a_delivery_is_given_up(make_group, receiver, settings, caplog):
+    settings.NOTIFY_MAX_ATTEMPTS = 2
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", 9, 1  # nothing listens
+    receiver.statuses = [503]
+    group, reps = make_group(1)
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    with transaction.atomic():
+        message = services.outbox_add(
+            event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={}
+        )
+    ids = services.outbox_dispatch(message_id=message.id)
+    with caplog.at_level("INFO", logger="notifications.services"):
+        for _ in range(2):
+            for delivery_id in ids:
+                make_due(delivery_id)
+                services.delivery_attempt(delivery_id=delivery_id)
+    webhook, email = sorted(ids, key=lambda i: Delivery.objects.get(pk=i).channel == "email")
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines == [
+        ("INFO", f"delivery {webhook} (webhook) attempt 1 failed: HTTP 503"),
+        ("INFO", f"delivery {email} (email) attempt 1 failed: ConnectionRefusedError"),
+        ("WARNING", f"delivery {webhook} (webhook) failed for good after 2 attempts: HTTP 503"),
+        ("WARNING", f"delivery {email} (email) failed for good after 2 attempts: ConnectionRefusedError"),
+    ]
+
+
 @pytest.mark.parametrize(
     "url",
     ["http://[::1/", "ftp://x.example/", "http:///no-host", "http://a b.example/", "http://a\x00b/", "http://h:99999/"],
