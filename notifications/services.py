@@ -22,6 +22,7 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -491,7 +492,11 @@ def email_content(d: Delivery) -> tuple[str, str]:
     lines = [
         f"Lead #{m.lead_id} was {verb} in group {lead.get('group') or '-'}.",
         "",
-        *(f"{label}: {lead[key]}" for key, label in _EMAIL_FIELDS if lead.get(key) not in (None, "")),
+        *(
+            f"{label}: {_email_value(d, key, lead[key])}"
+            for key, label in _EMAIL_FIELDS
+            if lead.get(key) not in (None, "")
+        ),
         "",
     ]
     if m.rep_id is not None and m.event in ("lead.assigned", "lead.escalated"):
@@ -500,6 +505,18 @@ def email_content(d: Delivery) -> tuple[str, str]:
         lines.append(f"Accept it: {accept_url(lead_id=m.lead_id, rep_id=m.rep_id)}")
     lines.append(f"In the admin: {settings.PUBLIC_BASE_URL.rstrip('/')}/admin/leads/lead/{m.lead_id}/change/")
     return subject, "\n".join(lines)
+
+
+def _email_value(d: Delivery, key: str, value: Any) -> Any:
+    """The due time on the rep's clock (the payload holds it in UTC, to the microsecond)."""
+    if key != "sla_due_at":
+        return value
+    zone = d.rep.timezone if d.rep is not None else "UTC"
+    try:
+        local = datetime.fromisoformat(value).astimezone(ZoneInfo(zone))
+    except (ValueError, TypeError, ZoneInfoNotFoundError):
+        return value
+    return f"{local:%Y-%m-%d %H:%M} ({zone})"
 
 
 _EMAIL_FIELDS = (

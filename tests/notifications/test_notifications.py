@@ -98,6 +98,23 @@ def test_webhook_is_signed_and_email_sent(post_lead, make_group, receiver):
     assert len(receiver.requests) == 1
 
 
+def test_the_email_gives_the_due_time_on_the_reps_clock(post_lead, make_group):
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    group, [rep] = make_group(1, slug="emea", sla_minutes=30)
+    rep.timezone = "America/New_York"
+    rep.save(update_fields=["timezone"])
+    lead_id = post_lead(group="emea").json()["id"]
+    [email_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+    assert services.delivery_attempt(delivery_id=email_id) is None
+    due = Lead.objects.get(pk=lead_id).sla_due_at
+    local = due.astimezone(ZoneInfo("America/New_York"))
+    [email] = mail.outbox
+    assert f"Accept before: {local:%Y-%m-%d %H:%M} (America/New_York)" in email.body, email.body
+    assert isinstance(due, datetime) and due.isoformat() not in email.body
+
+
 def test_failed_webhook_is_retried_with_exponential_backoff(post_lead, make_group, receiver, settings):
     settings.NOTIFY_BACKOFF_BASE_S = 5
     settings.NOTIFY_REP_EMAIL = False
