@@ -688,6 +688,11 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
                 explanation.update({"reason": reason, "attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
         explanation.update({"to_rep": new_rep, "queue_reason": lead.queue_reason or None})
         lead.save(update_fields=LEAD_ROUTING_FIELDS)
+        if new_rep is None and previous is not None and from_group is not None:
+            # Taken from its rep into the queue: the webhooks of the group it left hear of it
+            # (owner null), as after an escalation to the queue, or the CRM would go on
+            # showing the old owner. No e-mail: nobody owns it.
+            notify.lead_notify_left_for_the_queue(lead=lead, group=from_group, attempt=previous.attempt, at=now)
         audit_record_many(
             events=[
                 Event(AuditEvent.Type.LEAD_REROUTED, actor, lead.id, group.slug if group else "", new_rep, explanation)

@@ -455,6 +455,36 @@ def test_an_escalation_to_the_queue_tells_the_webhooks_nobody_owns_the_lead(post
     assert json.loads(services.webhook_body(deliveries[0]))["lead"]["owner"] is None
 
 
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_reroute_into_the_queue_tells_the_webhooks_of_the_group_it_left(post_lead, make_group, moved):
+    """The CRM showed the old owner for good: a reroute that takes the lead from its rep into
+    the queue announced nothing, unlike an escalation to the queue."""
+    from leads import actions
+    from rotation.models import RoutingRule
+
+    group, _ = make_group(1, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/")
+    lead_id = post_lead(group="emea", country="FR").json()["id"]
+    if moved:  # the territory moved to a group nobody is in yet
+        france, _ = make_group(0, slug="france")
+        RoutingRule.objects.create(
+            name="France", priority=1, group=france, conditions=[{"field": "country", "op": "equals", "value": "FR"}]
+        )
+    else:
+        group.memberships.update(active=False)
+    lead = actions.lead_reroute(lead_id=lead_id, actor="t")
+    assert lead.status == "queued"
+    message = OutboxMessage.objects.get(event="lead.rerouted")
+    assert (message.lead_id, message.rep_id, message.group_id) == (lead_id, None, group.id)
+    assert message.payload["reason"] == "queued" and message.payload["lead"]["status"] == "queued"
+    assert message.payload["lead"]["group"] == ("france" if moved else "emea")
+    deliveries = Delivery.objects.filter(id__in=services.outbox_dispatch(message_id=message.id))
+    assert [d.channel for d in deliveries] == ["webhook"]  # no e-mail: nobody owns it
+    # Rerouted again while queued: nobody held it, nothing more to tell.
+    actions.lead_reroute(lead_id=lead_id, actor="t")
+    assert OutboxMessage.objects.filter(event="lead.rerouted").count() == 1
+
+
 def test_a_deactivated_endpoint_gets_no_more_retries(post_lead, make_group, receiver, settings):
     settings.NOTIFY_REP_EMAIL = False
     group, _ = make_group(1, slug="emea")
