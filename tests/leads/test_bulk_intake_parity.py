@@ -1,0 +1,64 @@
+"""The bulk import and API intake take the same turns: the same leads routed both ways into
+two groups configured alike give the same sequence of reps, for every strategy, with members
+paused and capped (a cap of 0 among them), across the import's batches."""
+
+import io
+
+import pytest
+
+from leads.bulk import leads_import
+from leads.models import Lead
+from rotation import services
+from tests.factories import GroupFactory, RepFactory
+
+pytestmark = pytest.mark.django_db
+
+# (weight, active, max_open, max_per_day) of each member, in rotation order.
+MEMBERS = [
+    (3, True, 9, None),
+    (2, True, None, 4),
+    (1, False, None, None),  # paused
+    (1, True, 0, None),  # a cap of 0 takes nothing
+    (2, True, None, 8),
+    (1, True, 3, None),
+]
+LEADS = 30
+
+
+def configured_group(slug: str, strategy: str) -> list[int]:
+    group = GroupFactory(slug=slug, strategy=strategy)
+    reps = []
+    for weight, active, max_open, max_per_day in MEMBERS:
+        rep = RepFactory()
+        services.membership_add(
+            group=group, rep=rep, actor="test", weight=weight, active=active, max_open=max_open, max_per_day=max_per_day
+        )
+        reps.append(rep.id)
+    return reps
+
+
+def sequence(slug: str, reps: list[int]) -> list[int | None]:
+    """The members (by place in the group) given each lead, in arrival order; None: queued."""
+    owners = Lead.objects.filter(group__slug=slug).order_by("id").values_list("owner_id", flat=True)
+    return [reps.index(owner) if owner is not None else None for owner in owners]
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "weighted", "least_loaded"])
+def test_import_and_intake_give_the_same_reps_in_the_same_order(post_lead, strategy):
+    posted_reps = configured_group("posted", strategy)
+    imported_reps = configured_group("imported", strategy)
+
+    for i in range(LEADS):
+        assert post_lead(email=f"p{i}@customer.example", group="posted").status_code == 201
+    text = io.StringIO("email,group\n" + "".join(f"i{i}@customer.example,imported\n" for i in range(LEADS)))
+    report = leads_import(lines=text, actor="import:test", batch_size=7)
+    assert report.imported == LEADS and report.invalid == 0
+
+    posted = sequence("posted", posted_reps)
+    assert len(posted) == LEADS
+    assert sequence("imported", imported_reps) == posted
+    # The configuration did bite: the paused member and the cap of 0 took nothing, the capped
+    # members stopped at their caps, and some leads were queued once everyone was full.
+    assert 2 not in posted and 3 not in posted
+    assert posted.count(1) <= 4 and posted.count(5) <= 3
+    assert posted[-(LEADS - 24) :] == [None] * (LEADS - 24)
