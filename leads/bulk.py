@@ -661,7 +661,9 @@ def _route_batch_locked(
             batch_external.add(ext)
         group = turns[groups[row.group_slug].id].state.group if row.group_slug else None
         window = group.dedup_days if group else 30
-        if row.email_normalized in batch_email:
+        # The same email earlier in this batch: a duplicate, as intake would find it, unless the
+        # group keeps no window (dedup_days 0: intake finds no earlier lead of the address).
+        if window and row.email_normalized in batch_email:
             first = batch_email[row.email_normalized]
             duplicates.append((first, first.values["group_slug"], first.values["owner_id"], row, window))
             continue

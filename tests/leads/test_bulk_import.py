@@ -169,6 +169,17 @@ def test_dedup_as_intake_in_the_database_and_in_the_file(make_group, post_lead):
     assert not Lead.objects.filter(external_id__in=["d-1", "d-3"]).exists()
 
 
+def test_a_group_with_no_dedup_window_takes_the_same_email_twice_in_one_file_as_intake_does(make_group, post_lead):
+    # dedup_days 0: no window, so intake takes every lead of an address; an import of the same
+    # address twice in one batch called the second a duplicate (and not so in two batches).
+    make_group(2, slug="emea", dedup_days=0)
+    assert [post_lead(group="emea", email="twice@customer.example").status_code for _ in range(2)] == [201, 201]
+    rows = ("n-1,again@customer.example,Jane,Acme,FR,1,emea,", "n-2,AGAIN@customer.example,Jane,Acme,FR,1,emea,")
+    report = run(csv_of(*rows), batch_size=10)
+    assert (report.imported, report.duplicates) == (2, 0)
+    assert Lead.objects.filter(email_normalized="again@customer.example", status="assigned").count() == 2
+
+
 def test_a_rerun_skips_the_rows_taken_in_as_duplicates(make_group):
     # A duplicate row leaves no lead with its external_id, only its lead.duplicate event: a
     # re-run (an upload cut short, uploaded again) once audited it as a duplicate again and,
