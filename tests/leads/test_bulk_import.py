@@ -299,6 +299,33 @@ def test_the_progress_bar_ends_full_when_a_cell_spans_lines(make_group, tmp_path
     assert err.getvalue().rstrip().split("\r")[-1].startswith("100%"), err.getvalue()
 
 
+def test_the_command_interrupted_says_what_is_imported_and_exits_130(make_group, tmp_path: Path, monkeypatch):
+    # Ctrl-C mid-file: the batches committed stay; the operator is told how far it got and
+    # that a re-run imports the rest, with the status a shell gives an interrupted command.
+    from leads.management.commands import import_leads
+
+    make_group(1, slug="emea")
+    path = tmp_path / "leads.csv"
+    path.write_text(HEADER + "".join(row + "\n" for row in good_rows(5)))
+
+    def interrupted(binary):
+        yield HEADER
+        for row in good_rows(5):
+            yield row + "\n"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(import_leads, "csv_text", interrupted)
+    with pytest.raises(CommandError, match="first 4 rows are imported") as caught:
+        call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2")
+    assert caught.value.returncode == 130
+    assert Lead.objects.count() == 4
+    monkeypatch.undo()
+    out = io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", stdout=out)
+    assert "1 imported" in out.getvalue() and "4 already imported" in out.getvalue()
+    assert Lead.objects.count() == 5
+
+
 @pytest.mark.parametrize("parallel", [False, True], ids=["thread", "process"])
 def test_a_read_error_stops_the_import_after_the_batches_before_it(make_group, parallel):
     make_group(1, slug="emea")

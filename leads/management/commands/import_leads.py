@@ -13,7 +13,11 @@ class Command(BaseCommand):
     help = (
         "Imports and routes the leads of a CSV file (header: the API's lead fields, plus "
         "attributes.<key> columns). Streams the file, reports bad rows by line number and "
-        "imports the rest; rows whose external_id was imported already are skipped."
+        "imports the rest; rows whose external_id was imported already are skipped. Exit status: "
+        "0 when the file was read to its end (bad rows, if any, are listed on stderr and counted "
+        "in the summary); 1 when the file cannot be imported (missing, empty, bad header) or an "
+        "error stopped the import; 130 when interrupted (Ctrl-C): the batches committed before "
+        "stay, and running the same file again imports the rest."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -41,6 +45,13 @@ class Command(BaseCommand):
             disable=options["no_progress"],
             file=self.stderr._out,
         )
+        committed = 0
+
+        def progress(rows: int) -> None:
+            nonlocal committed
+            committed += rows
+            bar.update(rows)
+
         try:
             with open(path, "rb") as f:
                 report = leads_import(
@@ -48,7 +59,7 @@ class Command(BaseCommand):
                     actor=actor,
                     batch_size=options["batch_size"],
                     notify_reps=not options["no_notify"],
-                    progress=bar.update,
+                    progress=progress,
                     parallel=not options["no_parallel"],
                 )
             # The total was counted in lines: a quoted cell over several lines, or a blank line,
@@ -56,6 +67,14 @@ class Command(BaseCommand):
             bar.total = report.rows
         except ImportFormatError as exc:
             raise CommandError(str(exc)) from exc
+        except KeyboardInterrupt:
+            # Each batch is its own transaction: say what is in, not a traceback.
+            raise CommandError(
+                f"Interrupted: the first {committed} rows are imported (their batches were committed), "
+                "the batch in progress was rolled back. Run the same file again to import the rest: "
+                "rows whose external_id is already imported are skipped.",
+                returncode=130,
+            ) from None
         finally:
             bar.close()
         elapsed = time.perf_counter() - started
