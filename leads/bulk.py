@@ -483,12 +483,14 @@ def _validate(
             data[name] = value
     if attributes:
         data["attributes"] = attributes
-    if not errors:
+    if "row" not in errors:
+        # Every bad field of the row, as the API names every bad field: an attributes cell that
+        # is not a JSON object does not hide a bad score beside it.
         try:
             data = validator(data)
         except serializers.ValidationError as exc:
             detail = exc.detail if isinstance(exc.detail, dict) else {"row": exc.detail}
-            errors = {str(k): [str(m) for m in (v if isinstance(v, list) else [v])] for k, v in detail.items()}
+            errors.update({str(k): [str(m) for m in (v if isinstance(v, list) else [v])] for k, v in detail.items()})
     if errors:
         report.invalid += 1
         if len(report.errors) < MAX_ERRORS_KEPT:

@@ -473,6 +473,16 @@ def test_an_attributes_cell_the_api_refuses_is_a_bad_row(make_group, cell, messa
     assert report.invalid == 1 and message in str(report.errors[0])
 
 
+def test_a_bad_attributes_cell_does_not_hide_the_other_bad_fields_of_its_row(make_group):
+    make_group(1, slug="emea")
+    report = run(
+        csv_of('a-2,nope,Jane,Acme,XX,101,emea,"[1]"', header=HEADER.replace("attributes.campaign", "attributes"))
+    )
+    assert report.invalid == 1
+    assert set(report.errors[0].errors) == {"attributes", "email", "country", "score"}
+    assert not Lead.objects.exists()
+
+
 def test_attributes_keep_their_case_and_numbers_past_64_bits(make_group):
     make_group(1, slug="emea")
     big = 2**70
