@@ -6,6 +6,7 @@ import io
 
 import pytest
 
+from audit.models import AuditEvent
 from leads.bulk import leads_import
 from leads.models import Lead
 from rotation import services
@@ -37,6 +38,24 @@ def configured_group(slug: str, strategy: str) -> list[int]:
     return reps
 
 
+def decisions(slug: str, reps: list[int]) -> list[tuple]:
+    """Each lead's decision as its audit event explains it, reps by place in the group: the
+    queue reason, the pointer before and after, and every candidate's reason."""
+    out = []
+    for event in AuditEvent.objects.filter(group=slug, type__in=["lead.assigned", "lead.queued"]).order_by("id"):
+        ex = event.explanation
+        out.append(
+            (
+                event.type,
+                (ex.get("queue_reason") or "").replace(slug, "<group>"),
+                ex.get("pointer_before"),
+                ex.get("pointer_after"),
+                [(reps.index(c["rep"]), c["eligible"], c["reason"]) for c in ex.get("candidates", [])],
+            )
+        )
+    return out
+
+
 def sequence(slug: str, reps: list[int]) -> list[int | None]:
     """The members (by place in the group) given each lead, in arrival order; None: queued."""
     owners = Lead.objects.filter(group__slug=slug).order_by("id").values_list("owner_id", flat=True)
@@ -57,6 +76,7 @@ def test_import_and_intake_give_the_same_reps_in_the_same_order(post_lead, strat
     posted = sequence("posted", posted_reps)
     assert len(posted) == LEADS
     assert sequence("imported", imported_reps) == posted
+    assert decisions("imported", imported_reps) == decisions("posted", posted_reps)
     # The configuration did bite: the paused member and the cap of 0 took nothing, the capped
     # members stopped at their caps, and some leads were queued once everyone was full.
     assert 2 not in posted and 3 not in posted
