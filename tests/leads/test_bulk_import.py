@@ -289,6 +289,24 @@ def test_the_command_refuses_a_negative_show_errors(make_group, tmp_path: Path):
     assert Lead.objects.count() == 2 and "more bad rows" not in err.getvalue()
 
 
+def test_the_command_counts_the_bad_rows_it_does_not_print(make_group, tmp_path: Path):
+    from leads.bulk import MAX_ERRORS_KEPT
+
+    make_group(1, slug="emea")
+    path = tmp_path / "leads.csv"
+    path.write_text("email,group\n" + "".join(f"bad{i},emea\n" for i in range(MAX_ERRORS_KEPT + 5)))
+    err = io.StringIO()
+    # More asked for than are kept: the ones past the kept are still said to exist.
+    call_command("import_leads", str(path), "--no-progress", "--show-errors", "5000", stdout=io.StringIO(), stderr=err)
+    lines = err.getvalue().splitlines()
+    assert len(lines) == MAX_ERRORS_KEPT + 1 and lines[-1] == "... and 5 more bad rows"
+    err = io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", "--show-errors", "0", stdout=io.StringIO(), stderr=err)
+    assert err.getvalue().splitlines() == [f"... and {MAX_ERRORS_KEPT + 5} more bad rows"]
+    with pytest.raises(CommandError, match="--show-errors must be 0 or more"):
+        call_command("import_leads", str(path), "--no-progress", "--show-errors", "-1")
+
+
 def test_the_progress_bar_ends_full_when_a_cell_spans_lines(make_group, tmp_path: Path):
     make_group(1, slug="emea")
     path = tmp_path / "leads.csv"

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from leads.bulk import BATCH_SIZE, ImportFormatError, count_rows, csv_text, leads_import
+from leads.bulk import BATCH_SIZE, MAX_ERRORS_KEPT, ImportFormatError, count_rows, csv_text, leads_import
 
 
 class Command(BaseCommand):
@@ -26,7 +26,12 @@ class Command(BaseCommand):
         parser.add_argument("--no-notify", action="store_true", help="Send no webhooks or e-mails for these leads.")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
         parser.add_argument("--no-parallel", action="store_true", help="Validate in a thread, not in a second process.")
-        parser.add_argument("--show-errors", type=int, default=50, help="How many bad rows to print.")
+        parser.add_argument(
+            "--show-errors",
+            type=int,
+            default=50,
+            help=f"How many bad rows to print (at most {MAX_ERRORS_KEPT} are kept).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         path: Path = options["file"]
@@ -78,9 +83,12 @@ class Command(BaseCommand):
         finally:
             bar.close()
         elapsed = time.perf_counter() - started
-        for error in report.errors[: options["show_errors"]]:
+        # At most MAX_ERRORS_KEPT bad rows are kept: what was not printed is counted, whatever
+        # --show-errors asked for.
+        shown = report.errors[: options["show_errors"]]
+        for error in shown:
             self.stderr.write(str(error))
-        if report.invalid > options["show_errors"]:
-            self.stderr.write(f"... and {report.invalid - options['show_errors']} more bad rows")
+        if report.invalid > len(shown):
+            self.stderr.write(f"... and {report.invalid - len(shown)} more bad rows")
         rate = report.rows / elapsed if elapsed else 0
         self.stdout.write(f"{report.summary()} in {elapsed:.1f} s ({rate:.0f} rows/s), import id {report.import_id}")
