@@ -146,6 +146,25 @@ def test_rerun_imports_nothing_new(make_group):
     assert Lead.objects.count() == 5 and AuditEvent.objects.count() == events
 
 
+def test_an_external_id_posted_over_the_api_or_repeated_in_the_file_is_imported_once(make_group, post_lead):
+    # Idempotency by external_id whoever took the lead in: a lead posted with the id is not
+    # imported again, and a second row with an id the file already gave (other data or not)
+    # is skipped, not a second lead.
+    make_group(2, slug="emea")
+    posted = post_lead(group="emea", external_id="crm-1").json()
+    report = run(
+        csv_of(
+            "crm-1,someone@customer.example,Jane,Acme,FR,1,emea,",
+            "crm-2,first@customer.example,Jane,Acme,FR,1,emea,",
+            "crm-2,second@customer.example,John,Other,DE,2,emea,",
+        ),
+        batch_size=10,
+    )
+    assert (report.imported, report.already_imported, report.duplicates) == (1, 2, 0)
+    assert list(Lead.objects.filter(external_id="crm-1").values_list("id", flat=True)) == [posted["id"]]
+    assert list(Lead.objects.filter(external_id="crm-2").values_list("email", flat=True)) == ["first@customer.example"]
+
+
 def test_dedup_as_intake_in_the_database_and_in_the_file(make_group, post_lead):
     make_group(2, slug="emea")
     existing = post_lead(group="emea", email="Dup@Customer.example").json()
