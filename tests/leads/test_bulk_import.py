@@ -308,6 +308,16 @@ def test_the_command_refuses_a_negative_show_errors(make_group, tmp_path: Path):
     assert Lead.objects.count() == 2 and "more bad rows" not in err.getvalue()
 
 
+def test_the_command_refuses_a_directory_or_an_unreadable_file_saying_so(make_group, tmp_path: Path):
+    make_group(1, slug="emea")
+    with pytest.raises(CommandError, match="Not a file"):
+        call_command("import_leads", str(tmp_path), "--no-progress")
+    # A file whose reads fail (EIO): named, no traceback, nothing written.
+    with pytest.raises(CommandError, match="Cannot read /proc/self/mem: Input/output error"):
+        call_command("import_leads", "/proc/self/mem", "--no-progress")
+    assert not Lead.objects.exists()
+
+
 def test_the_command_counts_the_bad_rows_it_does_not_print(make_group, tmp_path: Path):
     from leads.bulk import MAX_ERRORS_KEPT
 

@@ -15,7 +15,7 @@ class Command(BaseCommand):
         "attributes.<key> columns). Streams the file, reports bad rows by line number and "
         "imports the rest; rows whose external_id was imported already are skipped. Exit status: "
         "0 when the file was read to its end (bad rows, if any, are listed on stderr and counted "
-        "in the summary); 1 when the file cannot be imported (missing, empty, bad header) or an "
+        "in the summary); 1 when the file cannot be imported (missing, unreadable, empty, bad header) or an "
         "error stopped the import; 130 when interrupted (Ctrl-C): the batches committed before "
         "stay, and running the same file again imports the rest."
     )
@@ -35,16 +35,23 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         path: Path = options["file"]
-        if not path.is_file():
+        if not path.exists():
             raise CommandError(f"No such file: {path}")
+        if not path.is_file():
+            raise CommandError(f"Not a file: {path}")
         if options["batch_size"] < 1:
             raise CommandError("--batch-size must be at least 1.")
         if options["show_errors"] < 0:
             raise CommandError("--show-errors must be 0 or more.")
         actor = f"import:{getpass.getuser()}:{path.name}"
         started = time.perf_counter()
+        try:
+            # Read to its end before anything is written: a file that cannot be read stops here.
+            total = count_rows(str(path))
+        except OSError as exc:
+            raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from exc
         bar = tqdm(
-            total=count_rows(str(path)),
+            total=total,
             unit="lead",
             unit_scale=True,
             disable=options["no_progress"],
