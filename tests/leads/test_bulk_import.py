@@ -447,6 +447,49 @@ def test_a_batch_retries_after_a_lock_timeout_on_a_held_rotation_row(make_group,
     assert "import batch retried after 55P03" in caplog.text  # lock_not_available, then success
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_command_stopped_by_a_held_rotation_row_says_what_is_imported(make_group, settings, tmp_path: Path):
+    # Past its retries, a batch's error ends the command with what the batches before it did,
+    # as the admin upload says it, not a traceback; the same file run again imports the rest.
+    import threading
+
+    from django.db import connection, transaction
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 100
+    settings.ROUTING_MAX_RETRIES = 0
+    make_group(1, slug="emea")
+    other, _ = make_group(1, slug="apac")
+    path = tmp_path / "leads.csv"
+    path.write_text(HEADER + "".join(row + "\n" for row in [*good_rows(2), *good_rows(2, group="apac", prefix="y")]))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                RotationState.objects.select_for_update().get(group=other)
+                held.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(5)
+        with pytest.raises(
+            CommandError, match=r"stopped \(OperationalError: .*lock timeout.*first 2 rows are imported"
+        ):
+            call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2")
+    finally:
+        release.set()
+        holder.join()
+    assert Lead.objects.count() == 2
+    out = io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2", stdout=out)
+    assert "2 imported" in out.getvalue() and "2 already imported" in out.getvalue()
+
+
 def bytes_run(data: bytes, **kwargs):
     return leads_import(lines=csv_text(io.BytesIO(data)), actor="import:test", **kwargs)
 

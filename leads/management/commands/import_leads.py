@@ -81,12 +81,13 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         except KeyboardInterrupt:
             # Each batch is its own transaction: say what is in, not a traceback.
-            raise CommandError(
-                f"Interrupted: the first {committed} rows are imported (their batches were committed), "
-                "the batch in progress was rolled back. Run the same file again to import the rest: "
-                "rows whose external_id is already imported are skipped.",
-                returncode=130,
-            ) from None
+            raise CommandError(f"Interrupted: {self._so_far(committed)}", returncode=130) from None
+        except Exception as exc:
+            # A database error past the retries (a rotation row held too long, the server gone):
+            # as the admin upload says it. --traceback shows the whole of it.
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            problem = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+            raise CommandError(f"The import stopped ({problem}): {self._so_far(committed)}") from exc
         finally:
             bar.close()
         elapsed = time.perf_counter() - started
@@ -99,3 +100,11 @@ class Command(BaseCommand):
             self.stderr.write(f"... and {report.invalid - len(shown)} more bad rows")
         rate = report.rows / elapsed if elapsed else 0
         self.stdout.write(f"{report.summary()} in {elapsed:.1f} s ({rate:.0f} rows/s), import id {report.import_id}")
+
+    @staticmethod
+    def _so_far(committed: int) -> str:
+        return (
+            f"the first {committed} rows are imported (their batches were committed), the batch in "
+            "progress was rolled back. Run the same file again to import the rest: rows whose "
+            "external_id is already imported are skipped."
+        )
