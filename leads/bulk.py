@@ -461,12 +461,13 @@ def _validate(
     if any(_UNDECODED.search(c) for c in cells):
         # The bytes `csv_text` could not read as UTF-8 (kept as lone surrogates, never stored).
         errors["row"] = [*errors.get("row", []), "Not UTF-8 text: save the file as UTF-8 (CSV UTF-8)."]
+    unnamed: list[int] = []  # the places of values in columns without a name
     for place, (name, value) in enumerate(zip(columns, cells, strict=False), start=1):
         value = value.strip()
         if not value:
             continue
         if not name:
-            errors["row"] = [*errors.get("row", []), f"A value in column {place}, which has no name in the header."]
+            unnamed.append(place)
             continue
         raw[name] = value
         if name.startswith(ATTRIBUTE_PREFIX):
@@ -483,6 +484,15 @@ def _validate(
                 errors["attributes"] = ["Must be a JSON object."]
         else:
             data[name] = value
+    if unnamed:
+        # One message for the row, however many such values (not one each: a wide row of them
+        # made the report quadratic in time and its kept errors grow without bound).
+        if len(unnamed) == 1:
+            where = f"A value in column {unnamed[0]}, which has"
+        else:
+            more = f" and {len(unnamed) - 5} more" if len(unnamed) > 5 else ""
+            where = f"Values in columns {', '.join(map(str, unnamed[:5]))}{more}, which have"
+        errors["row"] = [*errors.get("row", []), f"{where} no name in the header."]
     if attributes:
         data["attributes"] = attributes
     if "row" not in errors:

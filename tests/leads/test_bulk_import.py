@@ -114,6 +114,17 @@ def test_blank_lines_above_the_header_and_unnamed_trailing_columns_are_read_as_s
     assert list(Lead.objects.values_list("external_id", flat=True)) == ["b-1"]
 
 
+def test_values_in_many_unnamed_columns_are_one_message_for_the_row(make_group):
+    make_group(1, slug="emea")
+    width = 3000
+    text = io.StringIO("email,group" + "," * width + "\n" + "one@customer.example,emea" + ",x" * width + "\n")
+    report = run(text)
+    assert report.invalid == 1
+    assert report.errors[0].errors == {
+        "row": [f"Values in columns 3, 4, 5, 6, 7 and {width - 5} more, which have no name in the header."]
+    }
+
+
 def test_rotation_across_batches_is_exact_and_explained_like_intake(make_group, post_lead):
     group, reps = make_group(3, slug="emea")
     report = run(csv_of(*good_rows(7)), batch_size=2)
