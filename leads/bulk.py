@@ -68,6 +68,7 @@ ATTRIBUTE_PREFIX = "attributes."
 COLUMNS = tuple(LeadInSerializer().fields)
 MEMO_FIELDS = ("country", "region", "source", "product", "score", "company_size", "group")
 MEMO_SIZE = 10_000
+MEMO_VALUE_MAX = 200  # characters
 _UNDECODED = re.compile("[\udc80-\udcff]")
 
 
@@ -156,7 +157,9 @@ class _RowValidator:
         out: dict[str, Any] = {}
         errors: dict[str, Any] = {}
         for name, value in data.items():
-            memo = self.memo.get(name)
+            # Short values only: a cell may be 128 KiB, and 10,000 long ones kept would make
+            # memory grow with the file (the values repeated are short: countries, sources...).
+            memo = self.memo.get(name) if len(value) <= MEMO_VALUE_MAX else None
             if memo is not None and value in memo:
                 ok, result = memo[value]
             else:
