@@ -408,6 +408,15 @@ def test_the_command_interrupted_says_what_is_imported_and_exits_130(make_group,
     assert caught.value.returncode == 130
     assert Lead.objects.count() == 4
     monkeypatch.undo()
+
+    def counting_interrupted(name):
+        raise KeyboardInterrupt  # while the file is read through for the progress bar
+
+    monkeypatch.setattr(import_leads, "count_rows", counting_interrupted)
+    with pytest.raises(CommandError, match="Interrupted before anything was imported") as caught:
+        call_command("import_leads", str(path), "--no-progress")
+    assert caught.value.returncode == 130 and Lead.objects.count() == 4
+    monkeypatch.undo()
     out = io.StringIO()
     call_command("import_leads", str(path), "--no-progress", stdout=out)
     assert "1 imported" in out.getvalue() and "4 already imported" in out.getvalue()

@@ -50,6 +50,8 @@ class Command(BaseCommand):
             total = count_rows(str(path))
         except OSError as exc:
             raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from exc
+        except KeyboardInterrupt:
+            raise CommandError("Interrupted before anything was imported.", returncode=130) from None
         bar = tqdm(
             total=total,
             unit="lead",
