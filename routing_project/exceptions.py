@@ -2,7 +2,7 @@
 
 import logging
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, OperationalError
 from rest_framework import exceptions, status
@@ -68,6 +68,13 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         # the request wrote nothing it did not commit, so the client can retry.
         logger.warning("database unavailable: %s", type(exc).__name__)
         exc = ServiceUnavailable("The database is unavailable; retry shortly.", retry_after=2)
+    elif isinstance(exc, ImproperlyConfigured):
+        # The server's configuration, not the request (a stored secret the keys no longer open
+        # after SECRET_KEY changed): the operator is told in the log, the client to come back.
+        logger.error("misconfigured: %s", exc)
+        exc = ServiceUnavailable(
+            "The service is misconfigured; its operator has been told. Retry later.", retry_after=60
+        )
     response = exception_handler(exc, context)
     if response is not None and isinstance(exc, ServiceUnavailable):
         response["Retry-After"] = str(exc.retry_after)

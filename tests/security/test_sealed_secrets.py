@@ -63,6 +63,26 @@ def test_keys_rotate_and_a_missing_key_is_a_clear_error(make_group, settings):
         WebhookEndpoint.objects.get(pk=endpoint.pk)
 
 
+def test_a_hook_whose_secret_the_keys_no_longer_open_is_a_503_saying_so(make_group, settings, caplog):
+    """SECRET_KEY changed without SECRET_BOX_KEYS: the form service gets a JSON 503 it retries
+    (not an HTML 500), and the log names the setting for the operator."""
+    import json
+    import time
+
+    from django.test import Client
+
+    make_group(1, slug="emea", is_default=True)
+    source, secret = hook_services.source_create(slug="form", name="Form", actor="test", field_map={})
+    settings.SECRET_BOX_KEYS = []
+    settings.SECRET_KEY = "another-key-" + "x" * 50
+    body = json.dumps({"email": "jane@acme.example"}).encode()
+    signature = hook_services.sign(secret=secret, body=body, timestamp=int(time.time()))
+    r = Client().post("/api/v1/hooks/form/", body, content_type="application/json", headers={"X-Signature": signature})
+    assert r.status_code == 503 and r["Content-Type"] == "application/json" and r["Retry-After"]
+    assert "misconfigured" in r.json()["detail"] and "SECRET_BOX_KEYS" not in r.json()["detail"]
+    assert any("SECRET_BOX_KEYS" in rec.getMessage() for rec in caplog.records)
+
+
 def test_a_secret_stored_before_encryption_reads_as_it_is_and_is_sealed_by_reseal(make_group):
     group, _reps = make_group(1)
     endpoint = WebhookEndpoint.objects.create(group=group, url="https://hooks.example/in")
