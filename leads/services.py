@@ -76,8 +76,20 @@ def normalize_email(email: str) -> str:
 
 
 def request_fingerprint(data: Any) -> str:
+    """The body as a JSON document, not as bytes: a retry that a client library serialises
+    again (keys in another order, other whitespace or escapes, `1000` for `1000.0`, as
+    JavaScript writes every whole number) is the same request."""
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    # Whole numbers written as floats (1000.0, 1e3) as ints, through the C parser and encoder:
+    # they keep to the nesting the body's own parse allowed, where a Python walk would not.
+    whole = json.loads(canonical, parse_float=_whole_number)
+    canonical = json.dumps(whole, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _whole_number(text: str) -> int | float:
+    number = float(text)
+    return int(number) if number.is_integer() else number
 
 
 # --- group resolution (before any lock) ------------------------------------------------------

@@ -261,6 +261,42 @@ def test_same_key_different_body_is_a_422(api, make_group):
     assert counts() == before
 
 
+def test_a_retry_serialised_again_is_the_same_body(api, make_group):
+    """The same body is the same JSON document, not the same bytes: a client library that
+    serialises the retry again (another key order, whitespace, escapes, and whole numbers as
+    JavaScript writes them) gets the replay, not a 422."""
+    make_group(1, slug="emea")
+
+    def post(text: str, key: str):
+        return api.post("/api/v1/leads/", text, content_type="application/json", headers={"Idempotency-Key": key})
+
+    first = post(
+        '{"email": "same@acme.example", "group": "emea", "first_name": "Ren\\u00e9",'
+        ' "attributes": {"budget": 1000.0, "ratio": 0.5, "seats": 1e1, "trial": true}}',
+        "again-1",
+    )
+    assert first.status_code == 201, first.content
+    before = counts()
+    for text in (
+        '{"attributes":{"trial":true,"seats":10,"ratio":0.5,"budget":1000},"first_name":"René",'
+        '"group":"emea","email":"same@acme.example"}',
+        '{ "email" : "same@acme.example" , "group" : "emea" , "first_name" : "René" ,\n'
+        '  "attributes" : { "budget" : 1E3 , "ratio" : 5e-1 , "seats" : 10.0 , "trial" : true } }',
+    ):
+        again = post(text, "again-1")
+        assert (again.status_code, again["Idempotent-Replayed"]) == (200, "true"), again.content
+        assert again.content == first.content
+    assert counts() == before
+    # A different value is a different body, numbers included.
+    for changed in ("1000.5", "1001", '"1000"', "true"):
+        text = (
+            '{"email": "same@acme.example", "group": "emea", "first_name": "René",'
+            f' "attributes": {{"budget": {changed}, "ratio": 0.5, "seats": 10, "trial": true}}}}'
+        )
+        assert post(text, "again-1").status_code == 422, changed
+    assert counts() == before
+
+
 def test_same_key_in_flight_is_a_409(api, make_group):
     from leads.models import ApiClient
     from leads.services import request_fingerprint
