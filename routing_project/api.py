@@ -51,9 +51,16 @@ MAX_EMAIL = 254  # the email columns' length
 def ascii_email(value: str) -> str:
     """An address as stored and answered: trimmed, its domain in ASCII (IDNA: `bücher.example`
     is `xn--bcher-kva.example`), so that every answer holding it is the schema's `email`.
-    The ASCII form is longer, and must still fit the column: checked here, not by the database."""
+    The ASCII form is longer, and must still fit the column: checked here, not by the database.
+
+    The local part is ASCII too: Django's validator, which refuses "josé@", matches its
+    letters ignoring case and so lets through the few others that fold to ASCII ("İ", the
+    Kelvin sign, the long "ſ"), which lower-casing for dedup would lengthen past the column
+    ("İ" is two characters in lower case) or leave apart from their ASCII twins."""
     value = value.strip()
     local, at, domain = value.rpartition("@")
+    if not local.isascii():
+        raise serializers.ValidationError("Enter a valid email address.")
     if not at or domain.isascii():
         return value
     try:
