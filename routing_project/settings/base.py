@@ -136,6 +136,13 @@ if IDEMPOTENCY_TTL_HOURS < 24:
     raise ImproperlyConfigured(f"IDEMPOTENCY_TTL_HOURS is {IDEMPOTENCY_TTL_HOURS}: keys are kept at least 24 hours.")
 # An in-flight idempotency record older than this is considered abandoned (crashed worker).
 IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S = env.int("IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S", default=60)
+if IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S < 1:
+    # At 0 or less every claim would be abandoned at once: a request with a key still in
+    # flight would be taken over by its retry (and answered 409 itself) instead of the retry
+    # getting the 409, and retries coming faster than a routing transaction would starve it.
+    raise ImproperlyConfigured(
+        f"IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S is {IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S}: give at least 1 (s)."
+    )
 MAX_REQUEST_BODY_BYTES = 64 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
 

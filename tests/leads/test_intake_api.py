@@ -594,11 +594,14 @@ def test_a_retention_of_idempotency_keys_under_24_hours_is_refused_at_start():
         ("ROUTING_LOCK_TIMEOUT_MS", "0", "ROUTING_LOCK_TIMEOUT_MS is 0: give at least 1 (ms)."),
         ("ROUTING_LOCK_TIMEOUT_MS", "-5", "ROUTING_LOCK_TIMEOUT_MS is -5: give at least 1 (ms)."),
         ("ROUTING_MAX_RETRIES", "-1", "ROUTING_MAX_RETRIES is -1: give 0 or more."),
+        ("IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S", "0", "IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S is 0: give at least 1 (s)."),
+        ("IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S", "-60", "IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S is -60: give at least 1 (s)."),
     ],
 )
 def test_a_routing_setting_that_would_hang_or_skip_intake_is_refused_at_start(name, value, message):
     # A lock_timeout of 0 is PostgreSQL's "wait for ever" (a held rotation row would hang
-    # intake instead of answering 503), and fewer than 0 retries would never route at all.
+    # intake instead of answering 503), fewer than 0 retries would never route at all, and an
+    # in-flight timeout of 0 would let every retry take a running request's key over.
     import subprocess
     import sys
 
