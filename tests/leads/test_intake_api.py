@@ -478,6 +478,31 @@ def test_dedup_window_is_the_groups(api, make_group):
     assert r.status_code == 201 and r.json()["id"] != first["id"]
 
 
+def test_the_new_leads_group_window_decides_across_groups(api, make_group):
+    """An open lead in one group is a duplicate for a submission that resolves to another
+    group only within that other group's window; dedup_days 0 keeps no window at all."""
+    make_group(1, slug="emea")
+    make_group(1, slug="zero", dedup_days=0)
+    make_group(1, slug="one", dedup_days=1)
+    first = api.post("/api/v1/leads/", {"email": "w@acme.example", "group": "emea"}, format="json").json()
+    Lead.objects.filter(pk=first["id"]).update(created_at=timezone.now() - timedelta(hours=30))
+    for slug in ("zero", "one"):
+        r = api.post("/api/v1/leads/", {"email": "W@acme.example", "group": slug}, format="json")
+        assert r.status_code == 201 and r.json()["group"] == slug and r.json()["duplicate_of"] is None
+        Lead.objects.filter(pk=r.json()["id"]).update(created_at=timezone.now() - timedelta(hours=30))
+    newest = Lead.objects.order_by("-id").first()
+    assert newest.group.slug == "one"
+    # The 30-day window of emea finds the newest open lead of the address, in another group.
+    r = api.post("/api/v1/leads/", {"email": "w@acme.example", "group": "emea"}, format="json")
+    assert r.status_code == 200 and r.json()["duplicate_of"] == newest.id and r.json()["group"] == "one"
+    # A closed lead is no duplicate: the next open one is found instead.
+    Lead.objects.filter(pk=newest.id).update(status="closed", outcome="lost")
+    r = api.post("/api/v1/leads/", {"email": "w@acme.example", "group": "emea"}, format="json")
+    assert r.status_code == 200 and r.json()["duplicate_of"] != newest.id
+    assert Lead.objects.count() == 3
+    assert AuditEvent.objects.filter(type="lead.duplicate").count() == 2
+
+
 def test_a_duplicate_says_whose_dedup_window_found_it(api, make_group):
     """The window is the one of the group the new submission resolves to, which need not be
     the open lead's: the audit names that group and the rule that chose it."""
