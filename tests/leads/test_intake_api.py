@@ -226,6 +226,23 @@ def test_idempotent_replay_is_byte_for_byte_and_writes_nothing(api, make_group):
     assert "Idempotent-Replayed" not in first
 
 
+def test_a_duplicates_answer_is_replayed_as_it_was_and_audited_once(api_with, make_group):
+    make_group(2, slug="emea")
+    form = api_with(["intake"])  # a web form's token: the duplicate's answer holds no contact details
+    first = form.post("/api/v1/leads/", {"email": "twice@acme.example", "group": "emea"}, format="json")
+    dup = {"email": "TWICE@acme.example", "group": "emea", "first_name": "Other"}
+    answer = form.post("/api/v1/leads/", dup, format="json", headers={"Idempotency-Key": "dup-1"})
+    assert answer.status_code == 200 and answer.json()["duplicate_of"] == first.json()["id"]
+    assert "Idempotent-Replayed" not in answer
+    Lead.objects.filter(pk=first.json()["id"]).update(status="closed", outcome="won")  # changes nothing below
+    before = counts()
+    again = form.post("/api/v1/leads/", dup, format="json", headers={"Idempotency-Key": "dup-1"})
+    assert (again.status_code, again["Idempotent-Replayed"], again.content) == (200, "true", answer.content)
+    assert again["Location"] == answer["Location"] == f"/api/v1/leads/{first.json()['id']}/"
+    assert counts() == before
+    assert AuditEvent.objects.filter(type="lead.duplicate").count() == 1
+
+
 def test_a_retry_is_replayed_even_after_its_requested_group_was_deleted(api, make_group):
     make_group(1, slug="emea", is_default=True)
     make_group(0, slug="gone")
