@@ -139,7 +139,6 @@ def test_the_lead_page_links_to_its_own_audit_trail(api, make_group):
         "/admin/audit/auditevent/?actor=%00",
         "/admin/leads/lead/?email__regex=(",
         "/admin/audit/auditevent/?lead_id__range=1",
-        "/admin/audit/auditevent/?at__year=9999&at__month=12",
         "/admin/rotation/group/?sla_minutes=1e999999",
     ],
 )
@@ -149,6 +148,14 @@ def test_a_list_filter_the_database_refuses_is_the_invalid_filter_page(admin_cli
     r = admin_client.get(url)
     assert r.status_code == 302 and r["Location"].endswith("?e=1"), (r.status_code, r.get("Location"))
     assert admin_client.get(r["Location"]).status_code == 200
+
+
+@pytest.mark.postgres
+def test_an_old_date_hierarchy_address_at_the_end_of_the_calendar_is_a_page(admin_client):
+    """The trail's dates are range filters now (no date hierarchy, whose month after December
+    9999 the database refused); an address the hierarchy wrote is an ordinary, empty filter."""
+    r = admin_client.get("/admin/audit/auditevent/?at__year=9999&at__month=12")
+    assert r.status_code == 200 and list(r.context["cl"].result_list) == []
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,172 @@
+"""The admin's big list pages (leads, the queue, the audit trail, deliveries) answer from
+indexes and small reads: no page view reads a whole table for its date navigation, its filter
+choices, its count or a manager's search by email."""
+
+import re
+from datetime import timedelta
+from urllib.parse import urlencode
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from leads.models import Lead
+from notifications.models import Delivery, OutboxMessage
+from rotation.models import Group
+from tests.conftest import lead_body
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def manager(client, django_user_model):
+    user = django_user_model.objects.create_superuser("maria", "maria@example.com", "pw-maria-123")
+    client.force_login(user)
+    return client
+
+
+def get(client, url):
+    with CaptureQueriesContext(connection) as ctx:
+        page = client.get(url)
+    assert page.status_code == 200, (url, page.status_code, page.get("Location"))
+    return page, [q["sql"] for q in ctx.captured_queries]
+
+
+def whole_table_reads(queries, table):
+    """The queries that read every row of `table` for the page's furniture: the date
+    hierarchy's drill-down and `SELECT DISTINCT <column>` filter choices."""
+    return [
+        q
+        for q in queries
+        if "DATE_TRUNC" in q.upper() or re.search(rf'SELECT DISTINCT "{table}"\."', q) or "MIN(" in q.upper()
+    ]
+
+
+def post_leads(api, group, *emails, **fields):
+    return [
+        api.post("/api/v1/leads/", lead_body(email=e, group=group, **fields), format="json").json()["id"]
+        for e in emails
+    ]
+
+
+def test_the_leads_list_reads_no_whole_table_for_dates_and_filter_choices(api, make_group, manager):
+    make_group(2, slug="emea")
+    post_leads(api, "emea", "a@one.example", source="web")
+    post_leads(api, "emea", "b@two.example", source="partner")
+    page, queries = get(manager, "/admin/leads/lead/")
+    assert whole_table_reads(queries, "leads_lead") == []
+    html = page.content.decode()
+    # What managers filter by is all still there: status, group, owner, source, dates.
+    for choice in ("?status__exact=assigned", "?source=partner", "?source=web", "created_at__gte="):
+        assert choice in html, choice
+    assert len(page.context["cl"].result_list) == 2
+
+
+def test_the_leads_list_filters_by_source_and_by_date(api, make_group, manager):
+    make_group(2, slug="emea")
+    web, partner = (
+        post_leads(api, "emea", "a@one.example", source="web")[0],
+        post_leads(api, "emea", "b@two.example", source="partner")[0],
+    )
+    Lead.objects.filter(pk=partner).update(created_at=timezone.now() - timedelta(days=40))
+    by_source, _ = get(manager, "/admin/leads/lead/?source=partner")
+    assert [lead.pk for lead in by_source.context["cl"].result_list] == [partner]
+    since = urlencode({"created_at__gte": (timezone.now() - timedelta(days=7)).isoformat()})
+    by_date, _ = get(manager, f"/admin/leads/lead/?{since}")
+    assert [lead.pk for lead in by_date.context["cl"].result_list] == [web]
+
+
+def test_a_whole_email_address_is_found_through_the_dedup_index(api, make_group, manager):
+    make_group(2, slug="emea")
+    wanted, other = post_leads(api, "emea", "Zelda.Smith@Customer.example", "zelda.smithson@customer.example")
+    page, queries = get(manager, "/admin/leads/lead/?q=%20ZELDA.smith@customer.EXAMPLE%20")
+    assert [lead.pk for lead in page.context["cl"].result_list] == [wanted]
+    assert not [q for q in queries if "LIKE" in q.upper()]  # no scan of every lead's email
+    # A partial address (or one no lead has) is still searched as a substring.
+    partial, _ = get(manager, "/admin/leads/lead/?q=zelda.smith")
+    assert {lead.pk for lead in partial.context["cl"].result_list} == {wanted, other}
+    by_domain, _ = get(manager, "/admin/leads/lead/?q=@customer.example")
+    assert {lead.pk for lead in by_domain.context["cl"].result_list} == {wanted, other}
+
+
+def test_the_search_still_finds_by_company_and_external_id(api, make_group, manager):
+    make_group(2, slug="emea")
+    acme = post_leads(api, "emea", "a@one.example", company="Acme Widgets", external_id="crm-17")[0]
+    other = post_leads(api, "emea", "b@two.example", company="Other", external_id="crm-170")[0]
+    by_company, _ = get(manager, "/admin/leads/lead/?q=widget")
+    assert [lead.pk for lead in by_company.context["cl"].result_list] == [acme]
+    exact, queries = get(manager, "/admin/leads/lead/?q=crm-17")
+    assert [lead.pk for lead in exact.context["cl"].result_list] == [acme]
+    assert not [q for q in queries if "LIKE" in q.upper()]
+    part, _ = get(manager, "/admin/leads/lead/?q=crm-1")
+    assert {lead.pk for lead in part.context["cl"].result_list} == {acme, other}
+
+
+def test_the_queue_finds_a_whole_email_address_among_queued_leads_only(api, make_group, manager):
+    group, _ = make_group(2, slug="emea")
+    group.memberships.update(active=False)
+    (queued,) = post_leads(api, "emea", "q@one.example")
+    page, queries = get(manager, "/admin/leads/queuedlead/?q=Q@one.example")
+    assert [lead.pk for lead in page.context["cl"].result_list] == [queued]
+    assert not [q for q in queries if "LIKE" in q.upper()]
+
+
+@pytest.mark.postgres
+def test_a_large_list_says_about_how_many_from_the_planner_and_counts_a_small_one(
+    api, make_group, manager, monkeypatch
+):
+    from routing_project import admin_lists
+
+    make_group(2, slug="emea")
+    post_leads(api, "emea", *(f"n{i}@one.example" for i in range(6)))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE leads_lead")
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_UP_TO", 3)
+    page, queries = get(manager, "/admin/leads/lead/")
+    assert not [q for q in queries if "COUNT(" in q.upper()]
+    assert page.context["cl"].paginator.estimated and "about" in page.content.decode()
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_UP_TO", 1000)
+    page, queries = get(manager, "/admin/leads/lead/")
+    assert page.context["cl"].result_count == 6 and not page.context["cl"].paginator.estimated
+    assert "about" not in page.content.decode()
+
+
+def test_the_audit_trail_reads_no_whole_table_and_still_filters_by_group_and_date(api, make_group, manager):
+    group, _ = make_group(2, slug="emea")
+    make_group(1, slug="apac")
+    (lead,) = post_leads(api, "emea", "a@one.example")
+    AuditEvent.objects.create(
+        type="group.changed", actor="test", group="gone", explanation={}, at=timezone.now() - timedelta(days=400)
+    )
+    Group.objects.filter(slug="apac").update(active=False)
+    page, queries = get(manager, "/admin/audit/auditevent/")
+    assert whole_table_reads(queries, "audit_auditevent") == []
+    html = page.content.decode()
+    # Every group the trail names, a deleted one's too; and dates by range.
+    for choice in ("?group__exact=emea", "?group__exact=gone", "?group__exact=apac", "at__gte="):
+        assert choice in html, choice
+    by_group, _ = get(manager, "/admin/audit/auditevent/?group__exact=gone")
+    assert [e.type for e in by_group.context["cl"].result_list] == ["group.changed"]
+    since = urlencode({"at__gte": (timezone.now() - timedelta(days=7)).isoformat()})
+    recent, _ = get(manager, f"/admin/audit/auditevent/?{since}&group__exact=emea&lead_id={lead}")
+    assert {e.type for e in recent.context["cl"].result_list} == {"lead.received", "lead.assigned"}
+
+
+def test_the_delivery_log_reads_no_whole_table_and_filters_by_event(manager, make_group):
+    group, (rep,) = make_group(1, slug="emea")
+    now = timezone.now()
+    for event in ("lead.assigned", "lead.escalated"):
+        message = OutboxMessage.objects.create(event=event, lead_id=1, group_id=group.pk, created_at=now)
+        Delivery.objects.create(
+            message=message, channel="email", rep=rep, target=rep.email, created_at=now, next_attempt_at=now
+        )
+    page, queries = get(manager, "/admin/notifications/delivery/")
+    assert [q for q in queries if "DISTINCT" in q.upper() or "DATE_TRUNC" in q.upper()] == []
+    html = page.content.decode()
+    for choice in ("?message__event=lead.escalated", "?message__event=lead.rerouted", "created_at__gte="):
+        assert choice in html, choice
+    for param in ("message__event", "message__event__exact"):  # the second as the page wrote it before
+        by_event, _ = get(manager, f"/admin/notifications/delivery/?{param}=lead.escalated")
+        assert [d.message.event for d in by_event.context["cl"].result_list] == ["lead.escalated"]
