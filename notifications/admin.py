@@ -120,6 +120,7 @@ class EventFilter(admin.SimpleListFilter):
 
     title = "event"
     parameter_name = "message__event"
+    field = "message__event"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         events = set(ANNOUNCED_EVENTS)
@@ -128,7 +129,20 @@ class EventFilter(admin.SimpleListFilter):
         return [(event, event) for event in sorted(events)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> QuerySet[Delivery]:
-        return queryset.filter(message__event=self.value()) if self.value() is not None else queryset
+        return queryset.filter(**{self.field: self.value()}) if self.value() is not None else queryset
+
+
+class MessageEventFilter(EventFilter):
+    parameter_name = field = "event"
+
+
+def lead_id_search(queryset: Any, term: str, field: str) -> Any | None:
+    """A number is a lead id, compared as a number: Django's "=lead_id" search compares the
+    ids as text, which reads and converts every row (five times slower here)."""
+    term = term.strip()
+    if term.isdigit() and int(term) < 2**63:
+        return queryset.filter(**{field: int(term)})
+    return None
 
 
 @admin.register(Delivery)
@@ -176,6 +190,12 @@ class DeliveryAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Delivery]:
         return super().get_queryset(request).select_related("message", "endpoint", "rep")
 
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
+        by_lead = lead_id_search(queryset, search_term, "message__lead_id")
+        if by_lead is not None:
+            return by_lead, False
+        return super().get_search_results(request, queryset, search_term)
+
     @admin.display(description="Event", ordering="message__event")
     def event(self, obj: Delivery) -> str:
         return obj.message.event
@@ -205,9 +225,16 @@ class DeliveryAdmin(admin.ModelAdmin):
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(admin.ModelAdmin):
     list_display = ("id", "event", "lead_id", "group_id", "rep_id", "created_at", "dispatched_at")
-    list_filter = ("event",)
+    list_filter = (MessageEventFilter,)
     search_fields = ("=lead_id",)
     show_full_result_count = False
+    paginator = EstimatedCountPaginator
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
+        by_lead = lead_id_search(queryset, search_term, "lead_id")
+        if by_lead is not None:
+            return by_lead, False
+        return super().get_search_results(request, queryset, search_term)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

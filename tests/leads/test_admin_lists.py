@@ -176,3 +176,24 @@ def test_the_delivery_log_reads_no_whole_table_and_filters_by_event(manager, mak
     for param in ("message__event", "message__event__exact"):  # the second as the page wrote it before
         by_event, _ = get(manager, f"/admin/notifications/delivery/?{param}=lead.escalated")
         assert [d.message.event for d in by_event.context["cl"].result_list] == ["lead.escalated"]
+
+
+def test_the_delivery_log_and_the_outbox_find_a_lead_id_as_a_number(manager, make_group):
+    group, (rep,) = make_group(1, slug="emea")
+    now = timezone.now()
+    for lead_id, event in ((12345, "lead.assigned"), (123456, "lead.escalated")):
+        message = OutboxMessage.objects.create(event=event, lead_id=lead_id, group_id=group.pk, created_at=now)
+        Delivery.objects.create(
+            message=message, channel="email", rep=rep, target=rep.email, created_at=now, next_attempt_at=now
+        )
+    deliveries, queries = get(manager, "/admin/notifications/delivery/?q=12345")
+    assert [d.message.lead_id for d in deliveries.context["cl"].result_list] == [12345]
+    assert not [q for q in queries if "::text" in q or "LIKE" in q.upper()]  # not every row's id as text
+    messages, queries = get(manager, "/admin/notifications/outboxmessage/?q=%2012345%20")
+    assert [m.lead_id for m in messages.context["cl"].result_list] == [12345]
+    assert not [q for q in queries if "::text" in q or "DISTINCT" in q.upper()]
+    assert "?event=lead.rerouted" in messages.content.decode()  # the event choices, without reading every message
+    by_event, _ = get(manager, "/admin/notifications/outboxmessage/?event=lead.escalated")
+    assert [m.lead_id for m in by_event.context["cl"].result_list] == [123456]
+    by_target, _ = get(manager, f"/admin/notifications/delivery/?q={rep.email}")
+    assert len(by_target.context["cl"].result_list) == 2
