@@ -517,3 +517,15 @@ def test_new_member_rows_appended_and_placed_in_one_save_take_distinct_positions
     assert positions == {second.pk: 0, first.pk: 1}
     joined = [e.rep_id for e in AuditEvent.objects.filter(type="membership.changed").order_by("id")]
     assert sorted(joined) == sorted([first.pk, second.pk])
+
+
+def test_the_audit_trail_lists_the_newest_events_first(staff, api, make_group):
+    """A manager opens the trail for what just happened: the first page held the oldest events."""
+    import re
+
+    make_group(1, slug="emea")
+    for _ in range(3):
+        assert api.post("/api/v1/leads/", lead_body(group="emea"), format="json").status_code == 201
+    html = staff.get("/admin/audit/auditevent/").content.decode()
+    shown = [int(i) for i in re.findall(r'<th class="field-id"><a href="[^"]*">(\d+)</a>', html)]
+    assert shown and shown == sorted(AuditEvent.objects.values_list("id", flat=True), reverse=True)
