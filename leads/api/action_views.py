@@ -80,7 +80,9 @@ class LeadActionsMixin:
 
     @staticmethod
     def _valid(serializer_class: type[serializers.Serializer], request: Request) -> dict[str, Any]:
-        incoming = serializer_class(data=request.data if request.data is not None else {})
+        # No body at all parses as {}; a JSON `null` is a body that is not an object (a 400, as
+        # `[]` or a string is), never taken for an empty one.
+        incoming = serializer_class(data=request.data)
         incoming.is_valid(raise_exception=True)
         return dict(incoming.validated_data)
 

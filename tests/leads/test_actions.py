@@ -190,6 +190,22 @@ def test_reroute_runs_rules_and_rotation_again(api, make_group):
     assert api.post(f"/api/v1/leads/{lead['id']}/reroute/", {"x": 1}, format="json").status_code == 400
 
 
+@pytest.mark.parametrize("payload", [b"null", b"[]", b'"again"', b"42", b"true"])
+def test_reroute_with_a_body_that_is_not_an_object_is_a_400_and_moves_nothing(api, make_group, payload):
+    """Reroute takes an empty object or no body at all; JSON `null` is no more an object than
+    `[]` is, and moved the lead as if nothing had been sent."""
+    make_group(2, slug="emea")
+    lead = post(api, group="emea")
+    r = api.post(f"/api/v1/leads/{lead['id']}/reroute/", payload, content_type="application/json")
+    assert r.status_code == 400, r.content
+    assert r.json()["non_field_errors"]
+    assert Assignment.objects.filter(lead_id=lead["id"]).count() == 1
+    assert not events(lead["id"], "lead.rerouted")
+    # No body at all is still the way to ask for it.
+    assert api.post(f"/api/v1/leads/{lead['id']}/reroute/").status_code == 200
+    assert len(events(lead["id"], "lead.rerouted")) == 1
+
+
 def test_reroute_with_no_eligible_rep_queues(api, make_group):
     emea, _ = make_group(1, slug="emea")
     lead = post(api, group="emea")
