@@ -482,6 +482,8 @@ def lead_accept(*, lead_id: int, rep_id: int, actor: str) -> Lead:
         lead = _lock_lead(lead_id)
         if lead is None:
             raise Lead.DoesNotExist(f"no lead {lead_id}")
+        if lead.status == LeadStatus.CLOSED:  # it keeps the rep who worked it as its owner
+            raise LeadConflict(f"Lead {lead_id} is closed ({lead.outcome}): there is nothing to accept.")
         if lead.status not in OPEN_STATUSES or lead.owner_id != rep_id:
             raise LeadConflict(f"Rep {rep_id} is not the current owner of lead {lead_id} (status '{lead.status}').")
         if lead.status == LeadStatus.ACCEPTED:

@@ -67,6 +67,19 @@ def test_accept_a_queued_lead_is_a_conflict(api, make_group):
     assert r.status_code == 409
 
 
+def test_accept_of_a_closed_lead_says_it_is_closed(api, make_group):
+    """A closed lead keeps the rep who worked it as its owner: refusing that rep's accept as
+    "not the current owner" contradicted the lead the same client reads."""
+    group, reps = make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    assert api.post(f"/api/v1/leads/{lead['id']}/close/", {"outcome": "won"}, format="json").status_code == 200
+    assert api.get(f"/api/v1/leads/{lead['id']}/").json()["owner"]["id"] == reps[0].id
+    r = api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[0].id}, format="json")
+    assert r.status_code == 409
+    assert r.json()["detail"] == f"Lead {lead['id']} is closed (won): there is nothing to accept."
+    assert not events(lead["id"], "lead.accepted")
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [({}, "rep"), ({"rep": 999999}, "rep"), ({"rep": "x"}, "rep"), ({"rep": 1, "extra": 1}, "extra")],
