@@ -38,6 +38,8 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
     where = f"group {e.get('group')} ({e.get('strategy')})" if e.get("group") else "no group"
     if type in ("lead.assigned", "lead.rerouted", "lead.escalated") and "chosen" in e:
         text = f"Given to {_name(e.get('chosen'), names)} ({e.get('reason', 'rotation')})"
+        if e.get("unchanged"):  # a reroute that found the lead where it already was
+            text = f"Kept by {_name(e.get('chosen'), names)}, who already had it (assignment unchanged)"
         if "rule" in e or "group_source" in e:
             text += f": {rule}, {where}"
         if "pointer_before" in e:

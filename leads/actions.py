@@ -652,7 +652,6 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
         now = timezone.now()
         from_group = lead.group
         previous = _open_assignment(lead)
-        _end(previous, now, "rerouted")
         explanation: dict[str, Any] = {
             **resolution.explanation(),
             "from_group": from_group.slug if from_group else None,
@@ -664,16 +663,42 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
         if group is not None:  # inactive or not: the trail names the group the lead is now in
             explanation.update({"group": group.slug, "strategy": group.strategy})
         new_rep: int | None = None
+        kept: Assignment | None = None
         if group is None:
+            _end(previous, now, "rerouted")
             _queue(lead, "no rule matched and there is no default group")
         elif not group.active:
+            _end(previous, now, "rerouted")
             _queue(lead, f"group '{group.slug}' is inactive")
         else:
             assert state is not None
             # As at intake: the account owner when eligible (rotation untouched), else the rotation.
             facts, decision = ownership.group_decide(owner=resolution.owner, group=group, state=state, now=now)
             explanation.update(decision.explanation())
-            if decision.rep_id is None:
+            if (
+                previous is not None
+                and from_group == group
+                and lead.status in OPEN_STATUSES
+                and decision.rep_id == previous.rep_id
+            ):
+                # Where it already is: the assignment stands (an accepted lead stays accepted, its
+                # due time as it was, so its SLA cannot escalate it away from the rep who took it)
+                # and the rotation stays where it was, as nothing was given out.
+                kept = previous
+                new_rep = decision.rep_id
+                explanation.update(
+                    {
+                        "unchanged": True,
+                        "reason": kept.reason,
+                        "pointer_after": decision.pointer_before,
+                        "attempt": kept.attempt,
+                        "sla_due_at": _iso(kept.due_at),
+                    }
+                )
+                if "current_weights_before" in explanation:
+                    explanation["current_weights_after"] = explanation["current_weights_before"]
+            elif decision.rep_id is None:
+                _end(previous, now, "rerouted")
                 _queue(
                     lead,
                     decision.queue_reason
@@ -683,6 +708,7 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
                 )
             else:
                 reason = decision.reason if decision.reason == ownership.OWNER_MATCH else Assignment.Reason.REROUTE
+                _end(previous, now, "rerouted")
                 new = _assign(lead, rep_id=decision.rep_id, group=group, reason=reason, now=now)
                 routing.advance(state, decision)
                 new_rep = decision.rep_id
@@ -700,7 +726,7 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
                 Event(AuditEvent.Type.LEAD_REROUTED, actor, lead.id, group.slug if group else "", new_rep, explanation)
             ]
         )
-        if previous is not None and from_group is not None:
+        if previous is not None and kept is None and from_group is not None:
             scheduling.drain_schedule_on_commit(group_ids=[from_group.id])
         return lead
 

@@ -219,6 +219,55 @@ def test_reroute_with_a_body_that_is_not_an_object_is_a_400_and_moves_nothing(ap
     assert len(events(lead["id"], "lead.rerouted")) == 1
 
 
+def test_reroute_that_lands_an_accepted_lead_with_its_owner_keeps_it_accepted(api, make_group):
+    """Routed again to the account owner who already holds and accepted it, the lead was given
+    to them afresh: no longer accepted, its SLA clock running again, and escalated away from
+    them when they did not accept it a second time. Its assignment now stands."""
+    from leads import actions
+    from rotation.models import Account
+
+    group, reps = make_group(3, slug="emea", sla_minutes="30")
+    Account.objects.create(domain="bigco.example", owner=reps[1])
+    lead = post(api, group="emea", email="buyer@bigco.example")
+    assert lead["owner"]["id"] == reps[1].id
+    accepted = api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[1].id}, format="json").json()
+    before = pointer(group)
+    r = api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["status"] == "accepted" and body["owner"]["id"] == reps[1].id
+    assert body["accepted_at"] == accepted["accepted_at"] and body["sla_due_at"] == accepted["sla_due_at"]
+    (assignment,) = Assignment.objects.filter(lead_id=lead["id"])
+    assert assignment.ended_at is None and assignment.accepted_at is not None
+    assert pointer(group) == before
+    (event,) = events(lead["id"], "lead.rerouted")
+    ex = event.explanation
+    assert ex["unchanged"] is True and ex["from_rep"] == ex["to_rep"] == reps[1].id and ex["attempt"] == 1
+    from audit.summary import event_summary
+
+    text = event_summary(type=event.type, explanation=ex, rep_id=event.rep_id, names={})
+    assert text.startswith("Kept by") and "already had it" in text, text
+    # Past its old due time nothing escalates it: it was accepted.
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    assert actions.lead_escalate(assignment_id=assignment.pk).outcome == "done"
+    assert Lead.objects.get(pk=lead["id"]).owner_id == reps[1].id
+
+
+def test_reroute_that_the_rotation_gives_back_to_its_owner_leaves_the_rotation_as_it_was(api, make_group):
+    group, reps = make_group(1, slug="emea", sla_minutes="30")
+    lead = post(api, group="emea")
+    due = lead["sla_due_at"]
+    before = RotationState.objects.get(group=group)
+    r = api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json()["owner"]["id"] == reps[0].id and r.json()["sla_due_at"] == due  # no extra time
+    after = RotationState.objects.get(group=group)
+    assert (after.pointer, after.turns) == (before.pointer, before.turns)
+    assert Assignment.objects.filter(lead_id=lead["id"]).count() == 1
+    ex = events(lead["id"], "lead.rerouted")[0].explanation
+    assert ex["unchanged"] is True and ex["pointer_after"] == ex["pointer_before"] == before.pointer
+
+
 def test_reroute_with_no_eligible_rep_queues(api, make_group):
     emea, _ = make_group(1, slug="emea")
     lead = post(api, group="emea")

@@ -252,12 +252,18 @@ def check_invariants(group, *, paused, away, inactive, closed) -> None:
     )
     assert decided == Counter(dict.fromkeys(leads, 1))
 
-    # Every assignment is one audited decision, and the other way round.
+    # Every assignment is one audited decision, and the other way round (a reroute that found
+    # the lead with the rep it would go to kept that assignment: no new one).
+    def gave(e: AuditEvent) -> bool:
+        return e.type == "lead.assigned" or (
+            e.type in ("lead.escalated", "lead.rerouted", "lead.reassigned")
+            and e.rep_id is not None
+            and not e.explanation.get("unchanged")
+        )
+
     audited = Counter()
     for e in events:
-        if e.type == "lead.assigned" or (
-            e.type in ("lead.escalated", "lead.rerouted", "lead.reassigned") and e.rep_id is not None
-        ):
+        if gave(e):
             audited[(e.lead_id, e.rep_id)] += 1
     assert Counter((a.lead_id, a.rep_id) for a in assignments) == audited
 
@@ -266,7 +272,7 @@ def check_invariants(group, *, paused, away, inactive, closed) -> None:
     # before the change that undid it was, read the rep ineligible.
     decisions: dict[int, list[AuditEvent]] = defaultdict(list)
     for e in events:
-        if e.type in ("lead.assigned", "lead.escalated", "lead.rerouted", "lead.reassigned") and e.rep_id is not None:
+        if gave(e):
             decisions[e.lead_id].append(e)
     by_lead: dict[int, list[Assignment]] = defaultdict(list)
     for a in assignments:
