@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -626,6 +626,19 @@ def _lead_data(lead: Lead) -> dict[str, Any]:
     return data
 
 
+def _without_this_lead(facts: list[MemberFacts], holding: Assignment, group: Group, now: datetime) -> list[MemberFacts]:
+    """The members as a reroute must weigh them: the rep who holds the lead in this group has
+    it among their open leads (and, given today, their assignments today), yet keeping it
+    takes nothing more from their caps, so it is not counted against them."""
+    today = holding.group_id == group.id and holding.started_at >= routing.day_start(now, group.timezone)
+    return [
+        replace(f, open=max(f.open - 1, 0), assigned_today=max(f.assigned_today - int(today), 0))
+        if f.rep_id == holding.rep_id
+        else f
+        for f in facts
+    ]
+
+
 def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead:
     """Runs the rules and the rotation again (e.g. the territory changed): audited, and the
     only way a lead moves between groups."""
@@ -673,7 +686,13 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
         else:
             assert state is not None
             # As at intake: the account owner when eligible (rotation untouched), else the rotation.
-            facts, decision = ownership.group_decide(owner=resolution.owner, group=group, state=state, now=now)
+            holds = previous is not None and from_group == group and lead.status in OPEN_STATUSES
+            facts = routing.member_facts(group, now)
+            if holds and previous is not None:
+                facts = _without_this_lead(facts, previous, group, now)
+            facts, decision = ownership.group_decide(
+                owner=resolution.owner, group=group, state=state, now=now, facts=facts
+            )
             explanation.update(decision.explanation())
             if (
                 previous is not None

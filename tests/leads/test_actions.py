@@ -253,6 +253,25 @@ def test_reroute_that_lands_an_accepted_lead_with_its_owner_keeps_it_accepted(ap
     assert Lead.objects.get(pk=lead["id"]).owner_id == reps[1].id
 
 
+def test_reroute_does_not_count_the_lead_against_the_cap_of_the_rep_who_holds_it(api, make_group):
+    """An account owner at their max_open cap with this very lead was found over the cap by
+    its own count, and the reroute took the accepted lead from them to the rotation."""
+    from rotation.models import Account
+
+    group, reps = make_group(3, slug="emea", sla_minutes="30")
+    Membership.objects.filter(group=group, rep=reps[1]).update(max_open=1, max_per_day=1)
+    Account.objects.create(domain="bigco.example", owner=reps[1])
+    lead = post(api, group="emea", email="buyer@bigco.example")
+    assert lead["owner"]["id"] == reps[1].id
+    assert api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[1].id}, format="json").status_code == 200
+    body = api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json").json()
+    assert body["owner"]["id"] == reps[1].id and body["status"] == "accepted"
+    assert events(lead["id"], "lead.rerouted")[0].explanation["unchanged"] is True
+    # Another lead of the account still finds the owner at the cap, and goes to the rotation.
+    other = post(api, group="emea", email="cto@bigco.example")
+    assert other["owner"]["id"] != reps[1].id
+
+
 def test_reroute_that_the_rotation_gives_back_to_its_owner_leaves_the_rotation_as_it_was(api, make_group):
     group, reps = make_group(1, slug="emea", sla_minutes="30")
     lead = post(api, group="emea")
