@@ -11,13 +11,6 @@ from tests.conftest import lead_body
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def manager(client, django_user_model):
-    user = django_user_model.objects.create_superuser("maria", "maria@example.com", "pw-maria-123")
-    client.force_login(user)
-    return client
-
-
 def queued_leads(api, make_group, n: int):
     group, reps = make_group(2, slug="emea")
     Membership.objects.filter(group=group).update(active=False)

@@ -21,13 +21,6 @@ from tests.conftest import lead_body
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def manager(client, django_user_model):
-    user = django_user_model.objects.create_superuser("maria", "maria@example.com", "pw-maria-123")
-    client.force_login(user)
-    return client
-
-
 def get(client, url):
     with CaptureQueriesContext(connection) as ctx:
         page = client.get(url)
