@@ -127,7 +127,19 @@ class DecimalFieldSchema(OpenApiSerializerFieldExtension):
 class ContentNegotiation(DefaultContentNegotiation):
     """`?format=` naming a format no renderer offers is a 406 saying so, as an Accept header
     naming none is (DRF's default answers it with a bare 404, as if the resource were missing).
-    The schema's `?format=json` still picks its JSON renderer."""
+    The schema's `?format=json` still picks its JSON renderer.
+
+    A body of a structured JSON type (`application/<name>+json`, RFC 6839: a JSON:API client's
+    `application/vnd.api+json`, a PATCH sent as `application/merge-patch+json`, whose meaning
+    is this API's partial update) is read as JSON, as signed intake reads it. JSON Patch
+    (`application/json-patch+json`, a list of operations) is not what it looks like here: 415."""
+
+    def select_parser(self, request: Any, offered: Iterable[parsers.BaseParser]) -> parsers.BaseParser | None:
+        offered = list(offered)
+        chosen = super().select_parser(request, offered)
+        if chosen is None and structured_json(request.content_type):
+            chosen = next((p for p in offered if p.media_type == "application/json"), None)
+        return chosen
 
     def filter_renderers(self, renderers: Iterable[BaseRenderer], format: str) -> list[BaseRenderer]:  # noqa: A002
         kept = [renderer for renderer in renderers if renderer.format == format]
@@ -135,6 +147,12 @@ class ContentNegotiation(DefaultContentNegotiation):
             offered = ", ".join(sorted({renderer.format for renderer in renderers}))
             raise NotAcceptable(f"Format '{format[:50]}' is not offered here; this resource answers in: {offered}.")
         return kept
+
+
+def structured_json(content_type: str | None) -> bool:
+    """`application/<name>+json` (RFC 6839's structured syntax suffix), JSON Patch excepted."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media.startswith("application/") and media.endswith("+json") and media != "application/json-patch+json"
 
 
 class RejectUnknownFieldsMixin:

@@ -1,5 +1,6 @@
 """The lead actions over the API (SPEC 6): accept, reassign, reroute, close, PATCH."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -360,6 +361,15 @@ def test_patch_edits_contact_fields_and_never_moves_the_lead(api, make_group):
     assert Assignment.objects.filter(lead_id=lead["id"]).count() == 1
     (event,) = events(lead["id"], "lead.changed")
     assert event.explanation == {"fields": ["email", "first_name"], "moved": False}
+
+
+def test_patch_as_a_json_merge_patch(api, make_group):
+    make_group(1, slug="emea")
+    lead = post(api, group="emea", first_name="Jane")
+    body = json.dumps({"first_name": "Janet"})
+    r = api.patch(f"/api/v1/leads/{lead['id']}/", body, content_type="application/merge-patch+json")
+    assert r.status_code == 200, r.content
+    assert r.json()["first_name"] == "Janet"
 
 
 def test_patch_to_the_address_of_another_open_lead_is_a_conflict(api, make_group):

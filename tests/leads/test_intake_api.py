@@ -162,6 +162,23 @@ def test_not_json_is_a_415(api):
     assert r.status_code == 415
 
 
+@pytest.mark.parametrize("media", ["application/vnd.api+json", "application/merge-patch+json; charset=utf-8"])
+def test_a_structured_json_type_is_read_as_json(api, make_group, media):
+    make_group(1, slug="emea")
+    r = api.post("/api/v1/leads/", json.dumps(lead_body(group="emea")), content_type=media)
+    assert r.status_code == 201, r.content
+    assert r.json()["status"] == "assigned"
+
+
+def test_json_patch_is_a_415(api, make_group):
+    make_group(1, slug="emea")
+    body = json.dumps([{"op": "add", "path": "/email", "value": "a@b.example"}])
+    r = api.post("/api/v1/leads/", body, content_type="application/json-patch+json")
+    assert r.status_code == 415
+    assert "json-patch" in r.json()["detail"]
+    assert Lead.objects.count() == 0
+
+
 def test_body_over_64_kib_is_a_413(api):
     body = json.dumps({"email": "a@b.example", "company": "x" * (65 * 1024)})
     r = api.post("/api/v1/leads/", body, content_type="application/json")
