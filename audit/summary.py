@@ -81,7 +81,14 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
     if type == "lead.changed" and e.get("because"):
         return f"SLA due time cleared: {e['because']}."
     if type == "lead.changed":
-        return f"Contact fields edited: {', '.join(e.get('fields') or [])}; the lead was not moved."
+        facts = e.get("facts") if isinstance(e.get("facts"), dict) else {}
+        changes = [
+            f"{name} {_value(pair[0])} → {_value(pair[1])}" for name, pair in sorted(facts.items()) if len(pair) == 2
+        ]
+        text = f"Fields edited: {', '.join(e.get('fields') or [])}"
+        if changes:
+            text += f" ({'; '.join(changes)})"
+        return text + "; the lead was not moved (a reroute moves it)."
     if not type.startswith("lead.") and isinstance(e.get("action"), str):
         return _config_summary(e)
     return ""

@@ -54,6 +54,10 @@ LEAD_ROUTING_FIELDS = [
     "outcome",
 ]
 CONTACT_FIELDS = ("email", "first_name", "last_name", "company", "phone")
+# What PATCH (and the admin's lead page) may edit: the contact fields and the facts rules read.
+# A lead whose facts changed stays where it is until a reroute moves it.
+SCALAR_FACTS = ("country", "region", "source", "product", "score", "company_size")
+EDITABLE_FIELDS = (*CONTACT_FIELDS, *SCALAR_FACTS, "attributes")
 
 
 class LeadConflict(Exception):
@@ -807,12 +811,12 @@ def open_duplicate(lead: Lead, email_normalized: str) -> Lead | None:
 
 
 def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead:
-    """Edits contact fields. Never moves the lead (a reroute does that, explicitly). A new
-    email address that another open lead has is refused (LeadConflict): one open lead per
-    address, as intake keeps it."""
-    unknown = sorted(set(changes) - set(CONTACT_FIELDS))
+    """Edits contact fields and routing facts (EDITABLE_FIELDS). Never moves the lead (a
+    reroute does that, explicitly). A new email address that another open lead has is refused
+    (LeadConflict): one open lead per address, as intake keeps it."""
+    unknown = sorted(set(changes) - set(EDITABLE_FIELDS))
     if unknown:
-        raise ActionRejected({name: ["Not a contact field; only these can be edited here."] for name in unknown})
+        raise ActionRejected({name: ["This field cannot be edited here."] for name in unknown})
 
     def body() -> Lead:
         from .services import normalize_email
@@ -839,6 +843,13 @@ def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead
                 raise LeadConflict(
                     f"Lead {other.id} is open with this email address: close or merge one of the two leads first."
                 )
+        # Contact values and attributes stay in the lead row, not in the trail: field names
+        # only. The routing facts (a country, a score) are no contact data: before and after,
+        # so that the trail explains why a later reroute decided differently.
+        explanation: dict[str, Any] = {"fields": sorted(changed), "moved": False}
+        facts = {name: [getattr(lead, name), changes[name]] for name in sorted(changed) if name in SCALAR_FACTS}
+        if facts:
+            explanation["facts"] = facts
         for name in changed:
             setattr(lead, name, changes[name])
         fields = list(changed)
@@ -846,7 +857,6 @@ def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead
             lead.email_normalized = normalize_email(lead.email)
             fields.append("email_normalized")
         lead.save(update_fields=fields)
-        # Field names only: contact values stay in the lead row, not in the trail.
         audit_record_many(
             events=[
                 Event(
@@ -855,7 +865,7 @@ def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead
                     lead.id,
                     lead.group.slug if lead.group else "",
                     lead.owner_id,
-                    {"fields": sorted(changed), "moved": False},
+                    explanation,
                 )
             ]
         )
@@ -874,20 +884,41 @@ def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None
     no free rep may take (only reps who had it are free, or it waits for its account's
     owner) is stepped over, and counts for nothing: however many wait so, the leads behind
     them are reached. Returns how many were assigned."""
-    limit = limit or settings.QUEUE_DRAIN_BATCH
-    if not Group.objects.filter(pk=group_id).exists():
-        return 0  # deleted since the drain was asked for: nothing of it left to route
+    routed, _ended = _queue_walk(group_id, actor, limit or settings.QUEUE_DRAIN_BATCH, steps=None)
+    return routed
+
+
+def queue_drain_now(*, group_id: int, actor: str = "system:queue") -> bool:
+    """The drain a change that freed capacity runs itself once committed, in its own request
+    or task (scheduling.drain_publish): the manager who closes a lead, un-pauses a rep or
+    raises a cap gets the answer with the queued leads already routed, and a lead posted just
+    after cannot take the freed place before the leads that waited for it. Bounded
+    (`QUEUE_DRAIN_INLINE` leads routed, twice as many looked at), so that a change freeing a
+    lot of capacity still answers promptly: True when the walk came to its end, False when
+    the rest is left to the worker."""
+    limit = settings.QUEUE_DRAIN_INLINE
+    _routed, ended = _queue_walk(group_id, actor, limit, steps=2 * limit)
+    return ended
+
+
+def _queue_walk(group_id: int, actor: str, limit: int, *, steps: int | None) -> tuple[int, bool]:
+    """Routes queued leads until `limit` are assigned or `steps` looked at; returns how many
+    were assigned and whether the walk ended (nobody free, or no lead left to try)."""
+    if not Lead.objects.filter(status=LeadStatus.QUEUED, group_id=group_id).exists():
+        return 0, True  # no rotation lock taken for an empty queue (or a group deleted since)
     cursor = [0]  # the id of the last lead looked at: the walk goes on past it
-    routed = 0
-    while routed < limit:
+    routed, looked, ended = 0, 0, False
+    while routed < limit and (steps is None or looked < steps):
         outcome = _in_transaction(lambda: _drain_one(group_id, cursor, actor))
+        looked += 1
         if outcome == "assigned":
             routed += 1
         elif outcome != "skipped":
+            ended = True
             break
     if routed:
         logger.info("queue drained: %s leads assigned in group %s", routed, group_id)
-    return routed
+    return routed, ended
 
 
 def _drain_one(group_id: int, cursor: list[int], actor: str) -> str:

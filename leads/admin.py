@@ -7,6 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from rest_framework import serializers
 
+from rotation.rules import COUNTRY_CODES
 from routing_project.admin_lists import EstimatedCountPaginator
 from routing_project.api import ascii_email
 
@@ -31,10 +32,36 @@ class AssignmentInline(admin.TabularInline):
         return super().get_queryset(request).select_related("rep")
 
 
+# What a lead's page edits: the contact fields and the routing facts a manager may correct.
+ADMIN_EDITABLE = (*actions.CONTACT_FIELDS, *actions.SCALAR_FACTS)
+
+
 class LeadForm(forms.ModelForm):
     class Meta:
         model = Lead
-        fields = actions.CONTACT_FIELDS  # the rest is read-only here
+        fields = ADMIN_EDITABLE  # the rest is read-only here
+
+    def clean_country(self) -> str:
+        """As intake and the API's PATCH take it: an ISO 3166-1 alpha-2 code, upper-cased."""
+        value = self.cleaned_data["country"] or ""
+        code = value.strip().upper() if value.isascii() else "?"
+        if code and code not in COUNTRY_CODES:
+            raise forms.ValidationError(
+                "'%(value)s' is not an ISO 3166-1 alpha-2 country code.", params={"value": value}
+            )
+        return code
+
+    def clean_score(self) -> int | None:
+        score = self.cleaned_data["score"]
+        if score is not None and score > 100:
+            raise forms.ValidationError("A score is 0 to 100.")
+        return score  # type: ignore[no-any-return]
+
+    def clean_company_size(self) -> int | None:
+        size = self.cleaned_data["company_size"]
+        if size is not None and size > 10_000_000:
+            raise forms.ValidationError("At most 10,000,000.")
+        return size  # type: ignore[no-any-return]
 
     def clean_email(self) -> str:
         """An address another open lead has is refused on the field (lead_update refuses it
@@ -115,7 +142,8 @@ class LeadSearchMixin:
         return super().get_search_results(request, queryset, search_term)  # type: ignore[misc]
 
 
-# The facts the routing decided on: read-only for everyone (a reroute moves a lead).
+# The facts the routing decided on. Managers may correct the scalar ones (the API's PATCH
+# also takes attributes); the lead stays where it is until "Route again" moves it.
 ROUTING_FACTS = ("country", "region", "source", "product", "score", "company_size", "external_id", "attributes")
 
 
@@ -149,7 +177,8 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
         "email_normalized",
         "manage_links",
         "trail_link",
-        *ROUTING_FACTS,
+        "external_id",
+        "attributes",
     )
     fieldsets = (
         ("Contact", {"fields": ("email", "first_name", "last_name", "company", "phone")}),
@@ -168,7 +197,7 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Lead, form: Any, change: bool) -> None:
         """Contact edits as the API makes them (leads/actions.py: lead_update): under the lead's
         lock, the email normalised again for dedup, and a lead.changed event naming the fields."""
-        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in actions.CONTACT_FIELDS}
+        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in ADMIN_EDITABLE}
         if changes:
             try:
                 actions.lead_update(lead_id=obj.pk, changes=changes, actor=admin_actor(request))

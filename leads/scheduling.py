@@ -89,8 +89,22 @@ def drain_schedule_on_commit(*, group_ids: Iterable[int | None]) -> None:
 
 
 def drain_publish(group_ids: list[int]) -> None:
+    """After the commit of a change that freed capacity: each group's queue is drained here
+    and now, up to a bound (actions.queue_drain_now); what is left, or a drain that failed
+    (its rotation busy, the database away), goes to the worker, and the sweep backs both."""
+    from . import actions
+    from .routing import RoutingBusy
+
     for group_id in group_ids:
-        publish(DRAIN_TASK, args=[group_id])
+        try:
+            ended = actions.queue_drain_now(group_id=group_id)
+        except RoutingBusy:
+            ended = False
+        except Exception:  # the change is committed: its answer must not fail for the drain
+            logger.warning("queue drain of group %s left to the worker", group_id, exc_info=True)
+            ended = False
+        if not ended:
+            publish(DRAIN_TASK, args=[group_id])
 
 
 def drain_publish_at(group_ids: list[int], at: datetime) -> None:

@@ -11,7 +11,7 @@ from leads.models import Lead
 from rotation.models import Rep
 from routing_project.api import ascii_email
 
-from .serializers import LeadInSerializer, LeadSerializer, StrictSerializer
+from .serializers import AttributesField, LeadInSerializer, LeadSerializer, StrictSerializer
 
 
 def _existing_rep(value: int) -> int:
@@ -51,22 +51,35 @@ class CloseSerializer(StrictSerializer):
 
 
 class LeadPatchSerializer(StrictSerializer):
-    """Contact fields only; anything else (status, owner, group, routing facts) is a 400."""
+    """The contact fields and the facts rules read (country, region, source, product, score,
+    company size, attributes), validated as intake validates them. Editing them never moves
+    the lead: a reroute does, explicitly. Anything else (status, owner, group, external id)
+    is a 400."""
 
     email = serializers.EmailField(max_length=254, required=False)
     first_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
     last_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
     company = serializers.CharField(max_length=200, required=False, allow_blank=True)
     phone = serializers.CharField(max_length=40, required=False, allow_blank=True)
+    country = serializers.CharField(
+        max_length=2, required=False, allow_blank=True, help_text="ISO 3166-1 alpha-2 code."
+    )
+    region = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    source = serializers.CharField(max_length=100, required=False, allow_blank=True)  # type: ignore[assignment]
+    product = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    score = serializers.IntegerField(min_value=0, max_value=100, required=False, allow_null=True)
+    company_size = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False, allow_null=True)
+    attributes = AttributesField(required=False, help_text="Replaces the lead's attributes as a whole.")
 
     # The lead's other fields (as read, as posted): "read-only" here, not "unknown".
     fixed_fields = frozenset(LeadSerializer.Meta.fields) | frozenset(LeadInSerializer._declared_fields)
 
+    validate_country = LeadInSerializer.validate_country
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs:
-            raise serializers.ValidationError(
-                {"non_field_errors": ["Name at least one contact field: email, first_name, last_name, company, phone."]}
-            )
+            editable = ", ".join(self.fields)
+            raise serializers.ValidationError({"non_field_errors": [f"Name at least one field to edit: {editable}."]})
         for name, value in attrs.items():
             if isinstance(value, str) and "\x00" in value:
                 raise serializers.ValidationError({name: ["NUL characters are not allowed."]})

@@ -131,7 +131,7 @@ class LeadActionsMixin:
 
     @extend_schema(request=LeadPatchSerializer, responses=ACTION_RESPONSES)
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
-        """Edits contact fields. Never moves the lead (reroute does)."""
+        """Edits contact fields and routing facts. Never moves the lead (reroute does)."""
         lead_id = self._existing(pk)
         data = self._valid(LeadPatchSerializer, request)
         actor = actor_of(request)

@@ -214,6 +214,9 @@ QUEUE_DRAIN_SWEEP_EVERY_S = env.float("QUEUE_DRAIN_SWEEP_EVERY_S", default=30.0)
 # after it, so that the rep is back when the drain reads eligibility.
 ABSENCE_END_DRAIN_DELAY_S = env.float("ABSENCE_END_DRAIN_DELAY_S", default=0.5)
 QUEUE_DRAIN_BATCH = env.int("QUEUE_DRAIN_BATCH", default=500)
+# The change that freed capacity routes up to this many queued leads itself, once committed
+# (in its request or task); the worker routes the rest.
+QUEUE_DRAIN_INLINE = env.int("QUEUE_DRAIN_INLINE", default=20)
 # After a failed publish (broker down), requests skip publishing for this long: an outage
 # costs intake nothing, and the sweep escalates on time from the database.
 BROKER_PUBLISH_BACKOFF_S = env.float("BROKER_PUBLISH_BACKOFF_S", default=5.0)

@@ -52,11 +52,16 @@ def test_a_member_is_named_by_an_integer_id_only(api, make_group, spelled):
 def test_a_patch_naming_a_field_it_cannot_change_says_read_only_not_unknown(api, make_group):
     make_group(1, slug="north")
     lead_id = api.post("/api/v1/leads/", lead_body(group="north"), format="json").json()["id"]
-    r = api.patch(f"/api/v1/leads/{lead_id}/", {"country": "DE", "score": 3, "colour": "red"}, format="json")
+    r = api.patch(
+        f"/api/v1/leads/{lead_id}/",
+        {"group": "north", "external_id": "x", "status": "closed", "colour": "red"},
+        format="json",
+    )
     assert r.status_code == 400
     assert r.json() == {
-        "country": ["This field is read-only."],
-        "score": ["This field is read-only."],
+        "group": ["This field is read-only."],
+        "external_id": ["This field is read-only."],
+        "status": ["This field is read-only."],
         "colour": ["Unknown field."],
     }
 

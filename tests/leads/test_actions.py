@@ -363,6 +363,40 @@ def test_patch_edits_contact_fields_and_never_moves_the_lead(api, make_group):
     assert event.explanation == {"fields": ["email", "first_name"], "moved": False}
 
 
+def test_patch_of_the_routing_facts_never_moves_the_lead_until_a_reroute(api, make_group):
+    """SPEC 4: a lead whose territory changes is only moved by an explicit reroute."""
+    emea, (emea_rep,) = make_group(1, slug="emea")
+    _us, (us_rep,) = make_group(1, slug="us")
+    RoutingRule.objects.create(
+        name="US", priority=1, conditions=[{"field": "country", "op": "equals", "value": "US"}], group=_us
+    )
+    lead = post(api, group="emea", country="FR", score=10)
+    assert lead["owner"]["id"] == emea_rep.id
+    body = {"country": "us", "region": "West", "score": 80, "company_size": 500, "attributes": {"plan": "pro"}}
+    r = api.patch(f"/api/v1/leads/{lead['id']}/", body, format="json")
+    assert r.status_code == 200, r.content
+    changed = r.json()
+    assert (changed["country"], changed["region"], changed["score"]) == ("US", "West", 80)
+    assert changed["company_size"] == 500 and changed["attributes"] == {"plan": "pro"}
+    assert changed["group"] == "emea" and changed["owner"]["id"] == emea_rep.id and changed["status"] == "assigned"
+    assert Assignment.objects.filter(lead_id=lead["id"]).count() == 1
+    (event,) = events(lead["id"], "lead.changed")
+    assert event.explanation["moved"] is False
+    assert event.explanation["fields"] == ["attributes", "company_size", "country", "region", "score"]
+    assert event.explanation["facts"] == {
+        "company_size": [None, 500],
+        "country": ["FR", "US"],
+        "region": ["", "West"],
+        "score": [10, 80],
+    }
+    # The reroute reads the facts as they are now.
+    r = api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json()["group"] == "us" and r.json()["owner"]["id"] == us_rep.id
+    (rerouted,) = events(lead["id"], "lead.rerouted")
+    assert rerouted.explanation["rule"] == "US"
+
+
 def test_patch_as_a_json_merge_patch(api, make_group):
     make_group(1, slug="emea")
     lead = post(api, group="emea", first_name="Jane")
@@ -398,13 +432,19 @@ def test_patch_to_the_address_of_another_open_lead_is_a_conflict(api, make_group
     ("body", "field"),
     [
         ({"status": "closed"}, "status"),
-        ({"country": "DE"}, "country"),
+        ({"group": "emea"}, "group"),
         ({"owner": 1}, "owner"),
         ({"email": "not-an-email"}, "email"),
+        ({"country": "XX"}, "country"),
+        ({"country": "ıt"}, "country"),
+        ({"score": 101}, "score"),
+        ({"company_size": "12"}, "company_size"),
+        ({"attributes": {"nested": {"a": 1}}}, "attributes"),
+        ({"region": "North\u0000"}, "region"),
         ({}, "non_field_errors"),
     ],
 )
-def test_patch_rejects_everything_but_contact_fields(api, make_group, body, field):
+def test_patch_rejects_everything_but_contact_fields_and_routing_facts(api, make_group, body, field):
     make_group(1, slug="emea")
     lead = post(api, group="emea")
     r = api.patch(f"/api/v1/leads/{lead['id']}/", body, format="json")

@@ -4,8 +4,10 @@ reassign from a lead's page; all audited as admin:<username>."""
 import pytest
 
 from audit.models import AuditEvent
+from leads import actions
+from leads.admin import ADMIN_EDITABLE
 from leads.models import Lead
-from rotation.models import Membership, RotationState
+from rotation.models import Membership, RotationState, RoutingRule
 from tests.conftest import lead_body
 
 pytestmark = pytest.mark.django_db
@@ -162,13 +164,42 @@ def test_a_leads_trail_says_how_it_came_in_and_what_was_edited(api, make_group, 
     body["source"] = "webform"
     lead_id = api.post("/api/v1/leads/", body, format="json").json()["id"]
     lead = Lead.objects.get(pk=lead_id)
-    form = {"email": lead.email, "first_name": "Renamed", "last_name": lead.last_name, "company": lead.company}
-    form.update({"phone": lead.phone, "assignments-TOTAL_FORMS": "0", "assignments-INITIAL_FORMS": "0"})
+    form = lead_form(lead, first_name="Renamed")
     r = manager.post(f"/admin/leads/lead/{lead_id}/change/", form)
     assert r.status_code == 302, r.content.decode()[-2000:]
     html = manager.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
     assert "Received from API client" in html and "source webform, asking for group emea." in html
-    assert "Contact fields edited: first_name; the lead was not moved." in html
+    assert "Fields edited: first_name; the lead was not moved" in html
+
+
+def lead_form(lead: Lead, **changes) -> dict:
+    """A lead's page as the browser posts it: every editable field, with `changes`."""
+    form = {name: "" if getattr(lead, name) is None else getattr(lead, name) for name in ADMIN_EDITABLE}
+    form.update({"assignments-TOTAL_FORMS": "0", "assignments-INITIAL_FORMS": "0", **changes})
+    return form
+
+
+def test_a_manager_corrects_a_leads_routing_facts_and_routes_it_again(api, make_group, manager):
+    emea, (emea_rep,) = make_group(1, slug="emea")
+    us, (us_rep,) = make_group(1, slug="us")
+    RoutingRule.objects.create(
+        name="US", priority=1, conditions=[{"field": "country", "op": "equals", "value": "US"}], group=us
+    )
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea", country="FR"), format="json").json()["id"]
+    lead = Lead.objects.get(pk=lead_id)
+    url = f"/admin/leads/lead/{lead_id}/change/"
+    r = manager.post(url, lead_form(lead, country="XX"))
+    assert r.status_code == 200 and "not an ISO 3166-1 alpha-2 country code" in r.content.decode()
+    r = manager.post(url, lead_form(lead, score="101"))
+    assert r.status_code == 200 and "A score is 0 to 100." in r.content.decode()
+    assert manager.post(url, lead_form(lead, country="us", score="90")).status_code == 302
+    lead.refresh_from_db()
+    assert (lead.country, lead.score, lead.group_id, lead.owner_id) == ("US", 90, emea.id, emea_rep.id)
+    html = manager.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
+    assert "Fields edited: country, score (country &quot;FR&quot; → &quot;US&quot;; score null → 90)" in html
+    actions.lead_reroute(lead_id=lead_id, actor="admin:ops")
+    lead.refresh_from_db()
+    assert (lead.group_id, lead.owner_id) == (us.id, us_rep.id)
 
 
 def test_editing_a_leads_email_to_another_open_leads_is_refused_on_the_field(api, make_group, manager):
@@ -176,9 +207,7 @@ def test_editing_a_leads_email_to_another_open_leads_is_refused_on_the_field(api
     first = api.post("/api/v1/leads/", lead_body(group="emea", email="jane@acme.example"), format="json").json()
     second = api.post("/api/v1/leads/", lead_body(group="emea", email="john@acme.example"), format="json").json()
     lead = Lead.objects.get(pk=second["id"])
-    form = {"email": "Jane@Acme.example", "first_name": "x", "last_name": lead.last_name, "company": lead.company}
-    form.update({"phone": lead.phone, "assignments-TOTAL_FORMS": "0", "assignments-INITIAL_FORMS": "0"})
-    r = manager.post(f"/admin/leads/lead/{lead.pk}/change/", form)
+    r = manager.post(f"/admin/leads/lead/{lead.pk}/change/", lead_form(lead, email="Jane@Acme.example", first_name="x"))
     assert r.status_code == 200
     assert f"Lead {first['id']} is open with this email address" in r.content.decode()
     lead.refresh_from_db()
@@ -283,8 +312,7 @@ def test_a_leads_email_edited_in_the_admin_is_stored_as_intake_stores_it(api, ma
     assert Lead.objects.get(pk=first["id"]).email == "ana@xn--bcher-kva.example"
     second = api.post("/api/v1/leads/", lead_body(group="emea", email="bo@acme.example"), format="json").json()
     lead = Lead.objects.get(pk=second["id"])
-    form = {"first_name": "", "last_name": lead.last_name, "company": lead.company, "phone": lead.phone}
-    form.update({"assignments-TOTAL_FORMS": "0", "assignments-INITIAL_FORMS": "0"})
+    form = lead_form(lead, first_name="")
     url = f"/admin/leads/lead/{lead.pk}/change/"
     r = manager.post(url, {**form, "email": "Ana@Bücher.example"})
     assert r.status_code == 200 and f"Lead {first['id']} is open with this email address" in r.content.decode()

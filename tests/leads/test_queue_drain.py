@@ -400,3 +400,76 @@ def test_more_attempts_let_a_lead_that_used_them_up_be_drained(api, make_group):
     assert actions.queue_drain(group_id=group.id) == 1
     stored = Lead.objects.get(pk=lead["id"])
     assert stored.status == "assigned" and stored.owner_id != reps[0].id  # never the rep that missed it
+
+
+# --- drained by the change itself, before its answer ----------------------------------------
+
+
+@pytest.fixture
+def published(monkeypatch):
+    """The drain tasks published for the worker (none runs here: what the worker would do is
+    left undone, so only what the change did itself is seen)."""
+    from leads import scheduling
+
+    sent: list[int] = []
+
+    def publish(name, *, args, **options):
+        if name == scheduling.DRAIN_TASK:
+            sent.append(args[0])
+        return True
+
+    monkeypatch.setattr(scheduling, "publish", publish)
+    return sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_change_that_frees_capacity_routes_the_queue_before_it_answers(api, make_group, published):
+    group, (rep,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(max_open=1)
+    first = post(api, group="emea")
+    waiting = post(api, group="emea")
+    assert waiting["status"] == "queued"
+    assert api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "won"}, format="json").status_code == 200
+    # No worker ran: the close itself routed the lead that waited for the place it freed...
+    assert status(waiting) == "assigned" and Lead.objects.get(pk=waiting["id"]).owner_id == rep.id
+    assert AuditEvent.objects.get(lead_id=waiting["id"], type="lead.assigned").explanation["trigger"] == "queue_drain"
+    # ...so a lead posted right after cannot take it first.
+    assert post(api, group="emea")["status"] == "queued"
+    assert published == []  # the walk ended here: nothing left for the worker
+    # A cap raised over the API: the same, before the answer.
+    member = Membership.objects.get(group=group, rep=rep)
+    r = api.patch(f"/api/v1/groups/emea/members/{rep.id}/", {"max_open": 3}, format="json")
+    assert r.status_code == 200, r.content
+    assert Lead.objects.filter(group=group, status="queued").count() == 0
+    member.refresh_from_db()
+    assert member.max_open == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_that_frees_much_capacity_leaves_the_rest_to_the_worker(api, make_group, published, settings):
+    settings.QUEUE_DRAIN_INLINE = 2
+    group, (rep,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(active=False)
+    queued = [post(api, group="emea") for _ in range(5)]
+    r = api.patch(f"/api/v1/groups/emea/members/{rep.id}/", {"active": True}, format="json")
+    assert r.status_code == 200, r.content
+    assert [status(lead) for lead in queued] == ["assigned"] * 2 + ["queued"] * 3  # oldest first
+    assert published == [group.id]  # the worker routes the rest
+    assert actions.queue_drain(group_id=group.id) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_rotation_leaves_the_drain_to_the_worker(api, make_group, published, monkeypatch):
+    from leads.routing import RoutingBusy
+
+    group, (rep,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(active=False)
+    waiting = post(api, group="emea")
+
+    def busy(**kwargs):
+        raise RoutingBusy("held")
+
+    monkeypatch.setattr(actions, "queue_drain_now", busy)
+    r = api.patch(f"/api/v1/groups/emea/members/{rep.id}/", {"active": True}, format="json")
+    assert r.status_code == 200, r.content  # the change stands; its drain is handed on
+    assert status(waiting) == "queued" and published == [group.id]

@@ -70,7 +70,7 @@ def test_a_bad_time_zone_on_a_group_is_a_form_error_with_the_saved_rotation_show
     assert Group.objects.get(pk=group.pk).timezone == "UTC"
 
 
-def test_a_manager_edits_contact_fields_only_and_the_edit_is_audited_and_deduplicated(api, make_group):
+def test_a_manager_edits_contact_fields_and_facts_and_the_edit_is_audited_and_deduplicated(api, make_group):
     make_group(2, slug="emea")
     first = api.post("/api/v1/leads/", lead_body(group="emea", country="FR"), format="json").json()
     client = staff(MANAGERS)
@@ -79,9 +79,11 @@ def test_a_manager_edits_contact_fields_only_and_the_edit_is_audited_and_dedupli
     assert r.status_code == 302, r.content[:1000]
     lead = Lead.objects.get(pk=first["id"])
     assert (lead.email, lead.company, lead.email_normalized) == ("New@Example.COM", "New Co", "new@example.com")
-    assert (lead.country, lead.score) == ("FR", None)  # routing facts: read-only
+    assert (lead.country, lead.score, lead.group.slug) == ("US", 99, "emea")  # corrected, not moved
+    assert lead.external_id == first["external_id"] and lead.attributes == first["attributes"]  # read-only here
     changed = AuditEvent.objects.get(type="lead.changed", lead_id=lead.id)
-    assert sorted(changed.explanation["fields"]) == ["company", "email"]
+    assert sorted(changed.explanation["fields"]) == ["company", "country", "email", "score"]
+    assert changed.explanation["facts"] == {"country": ["FR", "US"], "score": [None, 99]}  # no contact values
     assert changed.actor.startswith("admin:")
     # Dedup follows the new address, not the old one.
     assert api.post("/api/v1/leads/", {"email": first["email"], "group": "emea"}, format="json").status_code == 201
