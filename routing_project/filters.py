@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,11 +34,19 @@ class StrictFilterSet(django_filters.FilterSet):
         return valid
 
 
+# A positive offset written into a URL unencoded (`?created_after=2026-01-05T09:00:00+01:00`,
+# what `datetime.isoformat()` gives) reaches us with its "+" decoded as a space. After a time
+# ("T" then hh:mm), a space then hh[:mm] can only have been that "+".
+_OFFSET_PLUS_AS_SPACE = re.compile(r"(T\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?) (\d{2}(?::?\d{2})?)\Z")
+
+
 class UtcDateTimeField(django_filters.fields.IsoDateTimeField):
     """An ISO 8601 date-time, converted to UTC here: any offset Python accepts (up to ±24 h)
     becomes a value the database takes, and an instant out of range is a 400, not a 500."""
 
     def to_python(self, value: Any) -> datetime | None:
+        if isinstance(value, str):
+            value = _OFFSET_PLUS_AS_SPACE.sub(r"\1+\2", value.strip())
         parsed = super().to_python(value)
         if parsed is None:
             return None

@@ -39,6 +39,18 @@ def test_created_after_takes_any_offset_and_refuses_out_of_range(api):
     assert r.status_code == 400 and "created_after" in r.json()
 
 
+def test_created_after_takes_a_positive_offset_whose_plus_was_not_url_encoded(api):
+    # `f"?created_after={when.isoformat()}"`: the "+" of "+01:00" arrives as a space.
+    Lead.objects.create(email="a@b.example", email_normalized="a@b.example", status="queued", created_at=timezone.now())
+    for when in ("2000-01-01T01:00:00+01:00", "2000-01-01T01:00:00.123456+01:00", "2000-01-01T01:00+0100"):
+        r = api.get(f"/api/v1/leads/?created_after={when}")
+        assert r.status_code == 200 and r.json()["count"] == 1, (when, r.content)
+    r = api.get("/api/v1/leads/?created_after=2999-01-01T01:00:00+01:00")
+    assert r.status_code == 200 and r.json()["count"] == 0
+    assert api.get("/api/v1/leads/?created_after=2000-01-01 00:00").json()["count"] == 1  # a space before the time
+    assert api.get("/api/v1/leads/?created_after=2000-01-01T01:00:00+99").status_code == 400
+
+
 @pytest.mark.parametrize(
     "query", ["created_after=", "owner=", "status=", "group=", "owner=1&owner=2", "group=a&group=b", "page_size=0"]
 )
