@@ -190,7 +190,10 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
     # A reassign to this rep holds its row for its routing transaction: this edit waits for it
     # no longer than routing waits.
     set_lock_timeout()
-    rep.full_clean()
+    # clean() refuses an e-mail taken in any case, naming the field. One saved by another
+    # request since is the database's to refuse: a 409 like every other change made at the same
+    # time, not the constraint's bare name as a 400.
+    rep.full_clean(validate_constraints=False)
     change = _change(rep, changed)
     rep.save()
     if rep.active and not change.created and REP_FREES_CAPACITY.intersection(change.fields):

@@ -185,6 +185,21 @@ def test_rep_emails_are_unique_without_case(api):
     assert r.status_code == 400 and "email" in r.json()
 
 
+def test_a_rep_email_taken_at_the_same_time_is_a_409(api, monkeypatch):
+    clean = Rep.clean
+
+    def clean_then_taken(self):
+        clean(self)
+        # Another request saves the address, in another case, just after this one checked it.
+        Rep.objects.create(name="Other", email=self.email.upper())
+
+    monkeypatch.setattr(Rep, "clean", clean_then_taken)
+    r = api.post("/api/v1/reps/", {"name": "Ada", "email": "ada@sales.example"}, format="json")
+    assert r.status_code == 409 and "at the same time" in r.json()["detail"], r.content
+    assert not Rep.objects.filter(email__iexact="ada@sales.example").exists()
+    assert not AuditEvent.objects.filter(type="rep.changed").exists()
+
+
 def test_deleting_a_group_ends_each_members_trail(api, make_group):
     group, reps = make_group(2, slug="gone")
     assert api.delete("/api/v1/groups/gone/").status_code == 204
