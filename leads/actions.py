@@ -200,7 +200,10 @@ def _assign(
 
 
 def _queue(lead: Lead, reason: str) -> None:
-    lead.status, lead.owner_id, lead.queue_reason, lead.sla_due_at = LeadStatus.QUEUED, None, reason, None
+    """Into the fallback queue: no owner, so no time of its assignment or acceptance either (as
+    a lead queued at intake has none; the assignments keep the history)."""
+    lead.status, lead.owner_id, lead.queue_reason = LeadStatus.QUEUED, None, reason
+    lead.assigned_at = lead.accepted_at = lead.sla_due_at = None
 
 
 def _iso(value: datetime | None) -> str | None:

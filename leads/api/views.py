@@ -85,7 +85,8 @@ class LeadFilter(StrictFilterSet):
     status = django_filters.ChoiceFilter(choices=LeadStatus.choices)
     group = SlugFilter(field_name="group__slug", max_length=64)
     owner = IdFilter(field_name="owner_id", min_value=1, max_value=2**63 - 1)
-    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    # Strictly after: a lead's own `created_at` given back lists the leads that came in after it.
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gt")
 
     class Meta:
         model = Lead

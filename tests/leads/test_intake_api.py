@@ -589,6 +589,11 @@ def test_list_filters_and_pagination(api, make_group):
     assert api.get(f"/api/v1/leads/?owner={reps[0].id}").json()["count"] == 3
     assert api.get("/api/v1/leads/?created_after=2000-01-01T00:00:00Z").json()["count"] == 6
     assert api.get("/api/v1/leads/?created_after=2999-01-01T00:00:00Z").json()["count"] == 0
+    # Strictly after: a lead's own created_at lists the leads that came in after it.
+    third = api.get("/api/v1/leads/?page_size=10").json()["results"][3]  # newest first: the third posted
+    later = api.get("/api/v1/leads/", {"created_after": third["created_at"]}).json()
+    assert third["id"] not in [lead["id"] for lead in later["results"]]
+    assert later["count"] == Lead.objects.filter(created_at__gt=Lead.objects.get(pk=third["id"]).created_at).count()
     assert api.get("/api/v1/leads/?status=bogus").status_code == 400
     assert api.get("/api/v1/leads/?created_after=yesterday").status_code == 400
     assert api.get("/api/v1/leads/?owner=abc").status_code == 400

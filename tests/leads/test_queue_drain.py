@@ -54,6 +54,10 @@ def test_drain_leaves_leads_that_used_up_their_attempts_to_a_manager(api, make_g
     assignment = Assignment.objects.get(lead_id=lead["id"])
     assert actions.lead_escalate(assignment_id=assignment.id).outcome == "queued"
     assert status(lead) == "queued"
+    # Represented as a lead queued at intake is: nobody owns it, so no assignment times.
+    shown = api.get(f"/api/v1/leads/{lead['id']}/").json()
+    assert (shown["owner"], shown["assigned_at"], shown["accepted_at"], shown["sla_due_at"]) == (None,) * 4
+    assert "max_attempts (1) reached" in shown["queue_reason"]
     assert actions.queue_drain(group_id=group.id) == 0
     assert status(lead) == "queued"
 
