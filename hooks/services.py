@@ -357,16 +357,31 @@ def hook_errors_named(*, source: IntakeSource, payload: dict[str, Any], errors: 
     """The lead's validation errors keyed by the form fields that carried the bad values: a
     mapped field by the name the form posted it under (`your-email`, not `email`), so that the
     sender can tell what to fix. A field sent under the lead field's own name, or not sent,
-    keeps that name."""
+    keeps that name. A mapped field left empty is the one to fill in (`your-email` for a
+    missing email), unless the lead field came under its own name; an attribute's problem
+    (`'campaign': ...`) goes to the form field mapped to `attributes.campaign`."""
     field_map = source.field_map or {}
     carried: dict[str, str] = {}
+    left_empty: dict[str, str] = {}
     for key, value in payload.items():
         target = field_map.get(key)
-        if target and not target.startswith("attributes.") and value is not None and value != "":
+        if not target:
+            continue
+        if value is not None and value != "":
             carried[target] = key  # the last one, as hook_map takes
+        else:
+            left_empty.setdefault(target, key)
+    for target, key in left_empty.items():
+        if target not in carried and payload.get(target) in (None, ""):
+            carried[target] = key
     named: dict[str, Any] = {}
     for name, messages in errors.items():
-        named.setdefault(carried.get(name, name), []).extend(messages if isinstance(messages, list) else [messages])
+        for message in messages if isinstance(messages, list) else [messages]:
+            field = carried.get(name, name)
+            if name == "attributes" and isinstance(message, str) and message.startswith("'"):
+                key = message[1:].partition("': ")[0]
+                field = carried.get(f"attributes.{key}", field)
+            named.setdefault(field, []).append(message)
     return named
 
 

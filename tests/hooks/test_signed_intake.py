@@ -280,6 +280,24 @@ def test_a_400_names_the_form_fields_that_carried_the_bad_values(source, make_gr
     assert not Lead.objects.exists()
 
 
+@pytest.mark.parametrize("content_type", ["application/json", "application/x-www-form-urlencoded"])
+def test_a_400_names_a_mapped_field_left_empty_and_a_mapped_attribute(source, make_group, content_type):
+    """The visitor left `your-email` empty: the form must fill `your-email`, not `email`, which
+    it never posted. A bad value of `utm_campaign` (mapped to attributes.campaign) is named
+    `utm_campaign` too."""
+    make_group(1, slug="emea", is_default=True)
+    fields = {"your-email": "", "fname": "Jane", "utm_campaign": "x" * 1001}
+    body = json.dumps(fields) if content_type == "application/json" else urlencode(fields)
+    r = post_signed(source, body.encode(), content_type=content_type)
+    assert r.status_code == 400, r.content
+    assert set(r.json()) == {"your-email", "utm_campaign"}, r.json()
+    assert "required" in r.json()["your-email"][0]
+    # Sent under the lead field's own name, the field keeps that name.
+    r = post_signed(source, json.dumps({"your-email": "", "email": "nope"}).encode())
+    assert set(r.json()) == {"email"}, r.json()
+    assert not Lead.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("body", "content_type", "status"),
     [
