@@ -33,7 +33,7 @@ from prometheus_client import (
     multiprocess,
     values,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
@@ -231,11 +231,45 @@ _database_registry = CollectorRegistry(auto_describe=False)
 _database_registry.register(DatabaseGauges())
 
 
+# Every metric a process may write, declared on every scrape (below).
+_DECLARED = (
+    LEADS_RECEIVED,
+    LEADS_ROUTED,
+    LEADS_QUEUED,
+    LEADS_DUPLICATE,
+    ROUTING_BUSY,
+    ROUTING_SECONDS,
+    LOCK_WAIT_SECONDS,
+    LOCK_HELD_SECONDS,
+    INTAKE_BATCH_SIZE,
+    ESCALATIONS,
+    SLA_BREACHES,
+    HTTP_SECONDS,
+)
+
+
+class ProcessSamples(Collector):
+    """The samples every process wrote to PROMETHEUS_MULTIPROC_DIR, plus the `HELP` and
+    `TYPE` of each metric no process has written yet (no escalation since the start, say):
+    as a one-process registry serves them, so a scrape shows every metric the product has
+    and a dashboard or an alert can tell "none yet" from "not exported"."""
+
+    def collect(self) -> Iterator[Metric]:
+        seen = set()
+        for family in multiprocess.MultiProcessCollector(None).collect():
+            seen.add(family.name)
+            yield family
+        for metric in _DECLARED:
+            for family in metric.describe():
+                if family.name not in seen:
+                    yield family
+
+
 def exposition() -> bytes:
     """The text a scrape gets: every process's samples, then the database gauges."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        registry.register(ProcessSamples())
         process_part = generate_latest(registry)
     else:
         process_part = generate_latest(REGISTRY)

@@ -129,6 +129,36 @@ def test_multiprocess_mode_sums_the_samples_of_every_process(tmp_path):
     assert value(samples, "leadrouter_rotation_lock_wait_seconds_count") == 2
 
 
+def test_multiprocess_mode_declares_the_metrics_no_process_has_written_yet(tmp_path):
+    """Before the first escalation (or 503, or queued lead), a scrape under gunicorn still
+    names every metric with its HELP and TYPE, as a one-process registry does; a metric
+    with samples is declared once."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    script = textwrap.dedent(
+        """
+        from routing_project import metrics
+        metrics.lead_received(group="hot")
+        print(metrics.exposition().decode())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True).stdout
+    for name, kind in [
+        ("leadrouter_leads_received_total", "counter"),
+        ("leadrouter_leads_routed_total", "counter"),
+        ("leadrouter_leads_queued_total", "counter"),
+        ("leadrouter_leads_duplicate_total", "counter"),
+        ("leadrouter_routing_busy_total", "counter"),
+        ("leadrouter_escalations_total", "counter"),
+        ("leadrouter_sla_breaches_total", "counter"),
+        ("leadrouter_routing_duration_seconds", "histogram"),
+        ("leadrouter_rotation_lock_wait_seconds", "histogram"),
+        ("leadrouter_http_request_duration_seconds", "histogram"),
+    ]:
+        assert out.count(f"# TYPE {name} {kind}\n") == 1, (name, out)
+    families = {family.name for family in text_string_to_metric_families(out)}
+    assert {"leadrouter_escalations", "leadrouter_leads_received"} <= families
+
+
 def test_processes_of_two_containers_with_one_pid_keep_their_own_samples(tmp_path):
     """docker-compose.yml shares one directory between the web, worker and beat containers,
     and each container numbers its processes from 1: two processes with one pid, on two
