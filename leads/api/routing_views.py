@@ -82,6 +82,30 @@ class ReplayInSerializer(StrictSerializer):
         return attrs
 
 
+class ReplayCountsSerializer(serializers.Serializer):
+    actual = serializers.IntegerField()
+    proposed = serializers.IntegerField()
+
+
+class ReplayRepSerializer(serializers.Serializer):
+    rep = RepBriefSerializer()
+    weight = serializers.IntegerField(allow_null=True, help_text="Its weight in the group now (null: not a member).")
+    proposed_weight = serializers.IntegerField(allow_null=True, help_text="Its weight in the proposal.")
+    actual = serializers.IntegerField(help_text="Leads routing gave it in the window.")
+    proposed = serializers.IntegerField(help_text="Leads the replay gave it.")
+    difference = serializers.IntegerField(help_text="proposed - actual")
+
+
+class ReplayGroupSerializer(serializers.Serializer):
+    group = serializers.CharField(allow_null=True, help_text="null: the leads no group took.")
+    strategy = serializers.CharField(allow_null=True)
+    proposed_strategy = serializers.CharField(allow_null=True)
+    actual_total = serializers.IntegerField()
+    proposed_total = serializers.IntegerField()
+    queued = ReplayCountsSerializer(help_text="Decisions that ended in the fallback queue.")
+    reps = ReplayRepSerializer(many=True)
+
+
 REPLAY_RESPONSE = inline_serializer(
     "Replay",
     fields={
@@ -91,7 +115,7 @@ REPLAY_RESPONSE = inline_serializer(
         "config": serializers.JSONField(),
         "turns": serializers.IntegerField(),
         "changed": serializers.IntegerField(),
-        "groups": serializers.ListField(child=serializers.DictField()),
+        "groups": ReplayGroupSerializer(many=True),
     },
 )
 

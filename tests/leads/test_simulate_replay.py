@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.apps import apps
 from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -252,6 +253,27 @@ def test_replay_with_a_changed_weight(api, make_group):
     assert per_rep == {a.id: (10, 0), b.id: (10, 20)}
     per_rep, g = counts(replay(api, group="pool", config={"members": {str(a.id): {"max_per_day": 3}}}), "pool")
     assert per_rep == {a.id: (10, 3), b.id: (10, 17)}
+
+
+def test_the_schema_describes_the_per_rep_counts_of_a_replay(api, make_group):
+    """A client reads the counts from `groups[].reps[]`: /api/schema/ describes each group's
+    and each rep's entry key by key, as a real answer has them."""
+    _group, (_a, b) = make_group(2, slug="pool", strategy="weighted")
+    post(api, "pool")
+    result = replay(api, group="pool", config={"members": {str(b.id): {"weight": 3}}})
+    schemas = Client().get("/api/schema/?format=json").json()["components"]["schemas"]
+
+    def resolve(node: dict) -> dict:
+        ref = node.get("$ref") or (node.get("allOf") or [{}])[0].get("$ref")
+        return schemas[ref.rsplit("/", 1)[1]] if ref else node
+
+    group_schema = resolve(schemas["Replay"]["properties"]["groups"]["items"])
+    (g,) = result["groups"]
+    assert set(group_schema["properties"]) == set(group_schema["required"]) == set(g)
+    rep_schema = resolve(group_schema["properties"]["reps"]["items"])
+    assert set(rep_schema["properties"]) == set(rep_schema["required"]) == set(g["reps"][0])
+    queued_schema = resolve(group_schema["properties"]["queued"])
+    assert set(queued_schema["properties"]) == set(g["queued"]) == {"actual", "proposed"}
 
 
 def test_replay_gives_an_account_lead_to_its_owner_only_where_the_proposal_lets_it_take_it(api, make_group):
