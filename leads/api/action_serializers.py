@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from django.core.validators import ProhibitNullCharactersValidator
@@ -61,14 +62,11 @@ class LeadPatchSerializer(StrictSerializer):
     last_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
     company = serializers.CharField(max_length=200, required=False, allow_blank=True)
     phone = serializers.CharField(max_length=40, required=False, allow_blank=True)
-    country = serializers.CharField(
-        max_length=2, required=False, allow_blank=True, help_text="ISO 3166-1 alpha-2 code."
+    # Intake's own fields (fresh copies: a field is bound to one serializer).
+    country, region, source, product, score, company_size = (  # type: ignore[assignment]
+        copy.deepcopy(LeadInSerializer._declared_fields[name])
+        for name in ("country", "region", "source", "product", "score", "company_size")
     )
-    region = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    source = serializers.CharField(max_length=100, required=False, allow_blank=True)  # type: ignore[assignment]
-    product = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    score = serializers.IntegerField(min_value=0, max_value=100, required=False, allow_null=True)
-    company_size = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False, allow_null=True)
     attributes = AttributesField(required=False, help_text="Replaces the lead's attributes as a whole.")
 
     # The lead's other fields (as read, as posted): "read-only" here, not "unknown".
