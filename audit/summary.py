@@ -81,7 +81,9 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
     if type == "lead.changed" and e.get("because"):
         return f"SLA due time cleared: {e['because']}."
     if type == "lead.changed":
-        facts = e.get("facts") if isinstance(e.get("facts"), dict) else {}
+        facts = e.get("facts")
+        if not isinstance(facts, dict):
+            facts = {}
         changes = [
             f"{name} {_value(pair[0])} → {_value(pair[1])}" for name, pair in sorted(facts.items()) if len(pair) == 2
         ]
