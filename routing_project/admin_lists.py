@@ -12,6 +12,7 @@ import json
 from functools import cached_property
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import QuerySet
@@ -40,7 +41,12 @@ class EstimatedCountPaginator(Paginator):
 
 
 def _planner_rows(queryset: QuerySet[Any]) -> int | None:
-    sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    try:
+        sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    except EmptyResultSet:
+        # A filter that can match nothing, such as an id past the column's range in the
+        # address (`?lead_id=99999999999999999999`): Django compiles it to no SQL at all.
+        return 0
     with connections[queryset.db].cursor() as cursor:
         cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)  # noqa: S608 - Django's own SQL
         plan = cursor.fetchone()[0]
