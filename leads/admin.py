@@ -5,6 +5,8 @@ from django.contrib import admin, messages
 from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html
 from rest_framework import serializers
 
 from rotation.rules import COUNTRY_CODES
@@ -222,16 +224,41 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
     search_fields = ("email", "company")
     list_select_related = ("group",)
     ordering = ("id",)
-    readonly_fields = ("email", "company", "group", "queue_reason", "created_at", "requested_group")
+    readonly_fields = ("email", "company", "group", "queue_reason", "created_at", "requested_group", "manage")
     fields = readonly_fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lead]:
         return super().get_queryset(request).filter(status=LeadStatus.QUEUED)
 
+    def has_change_permission(self, request: HttpRequest, obj: Lead | None = None) -> bool:
+        """The change permission runs the list's actions; a queued lead's own page has nothing
+        to save (the actions move it), so it is shown read-only, with no Save button that would
+        say "changed successfully" having changed nothing."""
+        return obj is None and super().has_change_permission(request)
+
+    def get_fields(self, request: HttpRequest, obj: Lead | None = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if super().has_change_permission(request):
+            return fields
+        return [f for f in fields if f != "manage"]  # no "Assign…" leading to a 403
+
+    @admin.display(description="Manage")
+    def manage(self, obj: Lead) -> str:
+        if obj.pk is None:
+            return ""
+        return format_html(
+            '<a class="button" href="{}">Assign…</a> <a href="{}">The lead\'s page</a> '
+            '<a href="{}?lead_id={}">Audit trail</a> (route again and close: from the queue\'s actions)',
+            reverse("admin:leads_lead_reassign", args=[obj.pk]),
+            reverse("admin:leads_lead_change", args=[obj.pk]),
+            reverse("admin:audit_auditevent_changelist"),
+            obj.pk,
+        )
+
     def save_model(self, request: HttpRequest, obj: Lead, form: Any, change: bool) -> None:
-        """Nothing here is editable (the actions move a queued lead). A plain save would write
-        back the whole row as read, without its lock: over a drain or an assignment committed
-        meanwhile, the lead would be queued again with an open assignment."""
+        """Never reached (the page is read-only), and a no-op all the same: a plain save would
+        write back the whole row as read, without its lock: over a drain or an assignment
+        committed meanwhile, the lead would be queued again with an open assignment."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

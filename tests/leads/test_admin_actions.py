@@ -325,20 +325,42 @@ def test_a_leads_email_edited_in_the_admin_is_stored_as_intake_stores_it(api, ma
 
 
 def test_saving_a_queued_leads_page_writes_nothing(api, make_group, manager):
-    """The queue's lead page has a Save button (managers may change queued leads, for the
-    actions) and nothing editable, yet saving it wrote the whole lead row back as read, with
-    no lock: a drain or an assignment committing in between was undone (the lead queued
-    again, its new assignment left open)."""
+    """The queue's lead page has nothing editable, yet saving it wrote the whole lead row back
+    as read, with no lock: a drain or an assignment committing in between was undone (the
+    lead queued again, its new assignment left open)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     group, reps, ids = queued_leads(api, make_group, 1)
     url = f"/admin/leads/queuedlead/{ids[0]}/change/"
-    page = manager.get(url)
-    assert page.status_code == 200 and b'name="_save"' in page.content
     with CaptureQueriesContext(connection) as queries:
-        assert manager.post(url, {"_save": "Save"}).status_code == 302
+        assert manager.post(url, {"_save": "Save"}).status_code in (302, 403)
     assert not [q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "leads_lead"')]
+
+
+def test_a_queued_leads_page_offers_what_a_manager_can_do_and_no_save(api, make_group, manager, client):
+    """Its Save button changed nothing and said "changed successfully"; the page named no way
+    to assign the lead. It is read-only now, with the lead's "Assign…" page and its trail."""
+    from django.contrib.auth.models import Permission, User
+
+    group, reps, ids = queued_leads(api, make_group, 1)
+    url = f"/admin/leads/queuedlead/{ids[0]}/change/"
+    page = manager.get(url)
+    html = page.content.decode()
+    assert page.status_code == 200 and 'name="_save"' not in html and 'name="_continue"' not in html
+    assert f'href="/admin/leads/lead/{ids[0]}/reassign/"' in html and f"?lead_id={ids[0]}" in html
+    assert manager.post(url, {"_save": "Save"}).status_code == 403
+    assert Lead.objects.get(pk=ids[0]).status == "queued"
+    # The list's actions still run from the queue page.
+    manager.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids})
+    assert Lead.objects.get(pk=ids[0]).status == "closed"
+    # Who may only read sees no "Assign…" leading to a 403.
+    viewer = User.objects.create_user("viewer", password="pw-viewer-123", is_staff=True)
+    viewer.user_permissions.add(*Permission.objects.filter(codename__in=["view_lead", "view_queuedlead"]))
+    client.force_login(viewer)
+    other = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    seen = client.get(f"/admin/leads/queuedlead/{other}/change/")
+    assert seen.status_code == 200 and b"/reassign/" not in seen.content
 
 
 @pytest.mark.postgres
