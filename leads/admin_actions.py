@@ -5,13 +5,13 @@ page. Everything goes through `leads/actions.py`, audited as `admin:<username>`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -30,9 +30,23 @@ def admin_actor(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
 
 
+class RepChoiceField(forms.ModelChoiceField):
+    shared_names: frozenset[str] = frozenset()
+
+    def label_from_instance(self, obj: Rep) -> str:
+        # Two reps may share a name: theirs carry the e-mail, or the manager cannot tell them apart.
+        return f"{obj.name} <{obj.email}>" if obj.name in self.shared_names else obj.name
+
+
 class AssignForm(forms.Form):
-    rep = forms.ModelChoiceField(queryset=Rep.objects.filter(active=True).order_by("name"), label="Assign to")
+    rep = RepChoiceField(queryset=Rep.objects.filter(active=True).order_by("name", "id"), label="Assign to")
     reason = forms.CharField(max_length=500, help_text="Why, for the audit trail.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = cast(RepChoiceField, self.fields["rep"])
+        shared = Rep.objects.filter(active=True).values("name").annotate(n=Count("id")).filter(n__gt=1)
+        field.shared_names = frozenset(shared.values_list("name", flat=True))
 
 
 def _not_eligible_note(*, lead_id: int, actor: str) -> str:

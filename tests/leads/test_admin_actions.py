@@ -127,6 +127,22 @@ def test_reassign_from_the_lead_page(api, make_group, manager):
     assert again.status_code == 200 and b"already owns" in again.content
 
 
+def test_the_rep_choices_tell_apart_two_reps_of_the_same_name(api, make_group, manager):
+    """Both showed as "Ana Souza": the manager could not tell which one would get the lead."""
+    from rotation.models import Rep
+
+    group, reps = make_group(2, slug="emea")
+    Rep.objects.filter(pk__in=[r.pk for r in reps]).update(name="Ana Souza")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    html = manager.get(f"/admin/leads/lead/{lead_id}/reassign/").content.decode()
+    for rep in reps:
+        assert f'<option value="{rep.pk}">Ana Souza &lt;{rep.email}&gt;</option>' in html, html
+    Rep.objects.filter(pk=reps[1].pk).update(name="Bruno Lima")  # a name of one's own stays bare
+    html = manager.get(f"/admin/leads/lead/{lead_id}/reassign/").content.decode()
+    assert f'<option value="{reps[0].pk}">Ana Souza</option>' in html
+    assert f'<option value="{reps[1].pk}">Bruno Lima</option>' in html
+
+
 def test_managers_without_change_permission_cannot_act(api, make_group, client, django_user_model):
     from django.contrib.auth.models import Permission
 
