@@ -176,6 +176,8 @@ def accept_for_owner(modeladmin: admin.ModelAdmin, request: HttpRequest, queryse
     def accept(lead: Lead) -> None:
         if lead.owner_id is None:
             raise actions.LeadConflict(f"no rep holds it (it is {lead.status}).")
+        if lead.status == LeadStatus.ACCEPTED:  # accepting again changes nothing: not counted as done
+            raise actions.LeadConflict("already accepted by its owner.")
         actions.lead_accept(lead_id=lead.pk, rep_id=lead.owner_id, actor=actor)
 
     _run_each(modeladmin, request, queryset.order_by("id"), accept, "marked accepted by their owner")

@@ -317,6 +317,11 @@ def test_a_manager_marks_leads_accepted_for_their_owner(api, make_group, manager
     actions.escalation_sweep(now=timezone.now() + timedelta(hours=1))
     assert not AuditEvent.objects.filter(type="lead.escalated").exists()
     assert Lead.objects.get(pk=ids[0]).owner_id == owner
+    # Marked again, a lead already accepted is said to be so, not counted as "marked accepted".
+    r = manager.post("/admin/leads/lead/", {"action": "accept_for_owner", "_selected_action": ids[:1]}, follow=True)
+    shown = [str(m) for m in r.context["messages"]]
+    assert shown == [f"Not done for 1 lead(s): #{ids[0]}: already accepted by its owner."], shown
+    assert AuditEvent.objects.filter(type="lead.accepted", lead_id=ids[0]).count() == 1
 
 
 def test_a_leads_email_edited_in_the_admin_is_stored_as_intake_stores_it(api, make_group, manager):
