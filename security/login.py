@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from django import forms
 from django.conf import settings
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.exceptions import PermissionDenied
@@ -53,6 +55,26 @@ class ThrottledModelBackend(ModelBackend):
             # PermissionDenied stops authenticate() here: no other backend gets to try.
             raise PermissionDenied("Too many failed logins; try again later.")
         return super().authenticate(request, username=username, password=password, **kwargs)
+
+
+class ThrottledAdminAuthenticationForm(AdminAuthenticationForm):
+    """The admin's login form. A locked login is refused by the backend whatever the password,
+    and Django's form then says "enter the correct username and password": someone typing the
+    right one would keep trying it. This form says the login is locked and for how long."""
+
+    error_messages = {
+        **AdminAuthenticationForm.error_messages,
+        "locked": "Too many failed logins: logins from your address are refused for up to "
+        "%(minutes)d minutes. Try again later.",
+    }
+
+    def clean(self) -> dict[str, Any]:
+        username = self.cleaned_data.get("username")
+        if username and login_locked(username=username, request=self.request):
+            raise forms.ValidationError(
+                self.error_messages["locked"], code="locked", params={"minutes": WINDOW_S // 60}
+            )
+        return super().clean()
 
 
 @receiver(user_login_failed)

@@ -220,8 +220,11 @@ def test_admin_login_is_throttled_against_guessing(settings):
     assert login("the-right-password")
     for _ in range(3):
         assert not login("guess")
-    # Locked for this user from this address, even with the right password ...
+    # Locked for this user from this address, even with the right password, and the page says
+    # so (not "enter the correct username and password", which the right one is) ...
     assert not login("the-right-password")
+    page = Client(REMOTE_ADDR=address).post("/admin/login/?next=/admin/", {"username": name, "password": "x"})
+    assert b"Too many failed logins" in page.content and b"correct username and password" not in page.content
     # ... while the same user from elsewhere is not.
     assert login("the-right-password", addr="10.255.255.254")
 
