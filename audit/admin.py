@@ -58,7 +58,7 @@ class AuditEventAdmin(admin.ModelAdmin):
         "request_id",
         "pretty_explanation",
     )
-    exclude = ("explanation",)
+    fields = readonly_fields  # the raw rep_id stays off the page: "rep" names the rep and its id
     list_per_page = 100
     show_full_result_count = False
 

@@ -78,6 +78,9 @@ def test_lead_and_event_pages(staff, api, make_group):
     event = AuditEvent.objects.get(type="lead.assigned", lead_id=lead_id)
     page = staff.get(f"/admin/audit/auditevent/{event.pk}/change/")
     assert page.status_code == 200 and b"pointer_before" in page.content
+    # The rep once, by name and id; not again as a bare "Rep id" field above the event's id.
+    html = page.content.decode()
+    assert "field-rep_id" not in html and f"(#{event.rep_id})" in html
     assert staff.get("/admin/leads/lead/?q=customer.example").status_code == 200
     assert staff.get("/admin/leads/lead/?status__exact=assigned").status_code == 200
 
