@@ -151,13 +151,22 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
 def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
     actor = admin_actor(request)
     queued: dict[str, list[int]] = {}
+    placed: list[str] = []
 
     def route(lead: Lead) -> None:
         routed = actions.lead_reroute(lead_id=lead.pk, actor=actor, only_queued=_from_queue(modeladmin))
         if routed.status == LeadStatus.QUEUED:
             queued.setdefault(routed.queue_reason, []).append(routed.pk)
+        elif routed.owner is not None:
+            where = f" in {routed.group.slug}" if routed.group is not None else ""
+            stayed = " (stays with its rep)" if routed.owner_id == lead.owner_id else ""
+            placed.append(f"#{routed.pk} to {routed.owner.name}{where}{stayed}")
 
     _run_each(modeladmin, request, queryset.order_by("id"), route, "routed again")
+    if placed:
+        # Where each went, as the audit trail says it: the first 20, the rest counted.
+        more = f"; and {len(placed) - 20} more" if len(placed) > 20 else ""
+        modeladmin.message_user(request, "Now: " + "; ".join(placed[:20]) + more + ".", messages.INFO)
     # Routed again into the queue is no assignment: said, rather than "routed" alone.
     for reason, ids in queued.items():
         leads = ", ".join(f"#{pk}" for pk in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")

@@ -428,3 +428,24 @@ def test_saving_a_queued_leads_page_does_not_undo_an_assignment_made_meanwhile(a
     lead = Lead.objects.get(pk=ids[0])
     assert (lead.status, lead.owner_id) == ("assigned", reps[1].id)
     assert lead.assignments.filter(ended_at__isnull=True).get().rep_id == reps[1].id
+
+
+def test_route_again_says_where_each_lead_went(api, make_group, manager):
+    group, reps = make_group(2, slug="emea")
+    held = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    Membership.objects.filter(group=group, rep=reps[0]).update(active=False)
+    moved = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()  # to reps[1]
+    Membership.objects.filter(group=group).update(active=True)
+    r = manager.post(
+        "/admin/leads/lead/", {"action": "reroute", "_selected_action": [held["id"], moved["id"]]}, follow=True
+    )
+    text = r.content.decode()
+    assert "2 lead(s) routed again." in text
+    stored = {pk: Lead.objects.get(pk=pk) for pk in (held["id"], moved["id"])}
+    for pk, lead in stored.items():
+        stays = (
+            " (stays with its rep)"
+            if lead.owner_id == {held["id"]: held, moved["id"]: moved}[pk]["owner"]["id"]
+            else ""
+        )
+        assert f"#{pk} to {lead.owner.name} in emea{stays}" in text
