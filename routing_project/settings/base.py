@@ -161,6 +161,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),  # else ./control, in the working tree
         "store_processed": False,
     }
+    # kombu's filesystem transport, writing each message whole before a worker can see it
+    # (routing_project/broker.py: kombu's own let a worker read an empty file and stop).
+    CELERY_BROKER_TRANSPORT = "routing_project.broker:Transport"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # One message at a time per worker process on Redis (late acks: a killed worker loses none).
