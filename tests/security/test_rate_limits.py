@@ -113,6 +113,38 @@ def test_the_limit_holds_across_processes():
     assert http(token).get("/api/v1/queue/").status_code == 429
 
 
+def test_without_redis_the_limit_holds_across_the_web_processes_of_the_machine(settings, monkeypatch, tmp_path):
+    """The embedded default (no REDIS_URL) runs one web process per core: a hit counted in
+    another process is counted here too."""
+    settings.RATE_LIMIT_REDIS_URL = settings.REDIS_URL = ""
+    settings.RATE_LIMIT_SQLITE_PATH = str(tmp_path / "ratelimit.sqlite3")
+    monkeypatch.setattr(ratelimit, "_prefix", lambda: "rl:embedded")
+    start_of_a_window(20)
+    script = textwrap.dedent(
+        f"""
+        import django
+        django.setup()
+        from django.conf import settings
+        from security import ratelimit
+        settings.RATE_LIMIT_REDIS_URL = settings.REDIS_URL = ""
+        settings.RATE_LIMIT_SQLITE_PATH = {settings.RATE_LIMIT_SQLITE_PATH!r}
+        ratelimit._prefix = lambda: "rl:embedded"
+        print(",".join(str(ratelimit.rate_limit_hit(key="client:1", limit=5).allowed) for _ in range(4)))
+        """
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "routing_project.settings.test"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "True,True,True,True"
+    fifth, sixth = (ratelimit.rate_limit_hit(key="client:1", limit=5) for _ in range(2))
+    assert (fifth.allowed, fifth.count) == (True, 5)
+    assert (sixth.allowed, sixth.count) == (False, 6) and sixth.retry_after >= 1
+    assert ratelimit.rate_limit_count(key="client:1") == 6
+    ratelimit.rate_limit_reset(key="client:1")
+    assert ratelimit.rate_limit_hit(key="client:1", limit=5).count == 1
+
+
 @pytest.mark.django_db
 def test_page_size_is_at_most_500(api):
     now = timezone.now()
