@@ -49,8 +49,9 @@ STRICT_JSON: dict[type[models.Field], dict[str, Any]] = {models.JSONField: {"for
 
 class CheckedAutocompleteSelect(AutocompleteSelect):
     """Django's autocomplete widget, re-rendering a posted form, looks its value up as the
-    related model's key: a value that is no key ("abc" for an integer id) raised there, a 500
-    in place of the form's own "Select a valid choice" error. Such values are left out."""
+    related model's key: a value that is no key ("abc" for an integer id, or one past the
+    column's range, which SQLite's driver refuses) raised there, a 500 in place of the form's
+    own "Select a valid choice" error. Such values are left out."""
 
     def optgroups(self, name: str, value: Sequence[str], attr: Any = None) -> Any:
         opts = self.field.remote_field.model._meta
@@ -58,7 +59,9 @@ class CheckedAutocompleteSelect(AutocompleteSelect):
         keys = []
         for item in value:
             try:
-                target.get_prep_value(target.to_python(item))
+                key = target.to_python(item)
+                target.get_prep_value(key)
+                target.run_validators(key)  # the column's range (integer keys)
             except (ValidationError, ValueError, TypeError):
                 continue
             keys.append(item)
