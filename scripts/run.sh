@@ -25,14 +25,36 @@ pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
+# Runs a command in the background, and again whenever it stops on its own (a worker killed
+# mid-escalation, out of memory): the web keeps taking leads meanwhile, and the restarted
+# worker and the sweep catch up without a hand. Its log ($1) is appended to. Stopping this
+# loop (cleanup) stops the command.
+keep_running() {
+    local log=$1 child='' status
+    shift
+    : >"$log"
+    trap 'kill $child 2>/dev/null; wait $child 2>/dev/null; exit 0' TERM INT
+    while true; do
+        "$@" >>"$log" 2>&1 &
+        child=$!
+        status=0
+        wait "$child" || status=$?
+        echo "$log: the process stopped (exit status $status); starting it again." >&2
+        sleep 2
+    done
+}
+
 # Two workers: routing (SLA timers, queue drains) and notifications (webhooks, e-mails), so
 # that a slow webhook receiver never delays an escalation. --quiet: no start-up banner, which
 # Celery prints outside logging (not JSON under LOG_FORMAT=json).
-"$VENV/bin/celery" -A routing_project --quiet worker -Q celery -n "routing.$PORT@%h" --loglevel INFO --concurrency 2 >var/log/worker.log 2>&1 &
+keep_running var/log/worker.log \
+"$VENV/bin/celery" -A routing_project --quiet worker -Q celery -n "routing.$PORT@%h" --loglevel INFO --concurrency 2 &
 pids+=($!)
-"$VENV/bin/celery" -A routing_project --quiet worker -Q notify -n "notify.$PORT@%h" --loglevel INFO --concurrency 2 >var/log/notify-worker.log 2>&1 &
+keep_running var/log/notify-worker.log \
+"$VENV/bin/celery" -A routing_project --quiet worker -Q notify -n "notify.$PORT@%h" --loglevel INFO --concurrency 2 &
 pids+=($!)
-"$VENV/bin/celery" -A routing_project --quiet beat --loglevel INFO --schedule var/celerybeat-schedule >var/log/beat.log 2>&1 &
+keep_running var/log/beat.log \
+"$VENV/bin/celery" -A routing_project --quiet beat --loglevel INFO --schedule var/celerybeat-schedule &
 pids+=($!)
 echo "Worker and beat started (logs in var/log/, e-mails to reps in var/mail/). Web on http://$HOST:$PORT/ (Ctrl-C stops everything)."
 "$VENV/bin/gunicorn" routing_project.wsgi:application --config gunicorn.conf.py --bind "$HOST:$PORT" &

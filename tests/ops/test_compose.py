@@ -77,3 +77,49 @@ def test_make_run_serves_the_host_its_printed_curl_names(tmp_path, host):
 def test_make_run_keeps_allowed_hosts_it_is_given(tmp_path):
     _calls, web_env = _run_sh_with_stubs(tmp_path, HOST="0.0.0.0", ALLOWED_HOSTS="leads.example.com")  # noqa: S104
     assert web_env["ALLOWED_HOSTS"] == "leads.example.com"
+
+
+def test_make_run_starts_a_worker_again_when_it_is_killed(tmp_path):
+    # A worker killed mid-escalation (SPEC 10: recovery without a hand) stopped `make run`
+    # whole, the web with it. It is started again; the web keeps serving; and when run.sh
+    # ends (here, when the web server does), nothing it started is left running.
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(COMPOSE.parent / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text("#!/bin/sh\n")
+    (bin_dir / "celery").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{tmp_path}/celery.calls"\n'
+        f'echo $$ >> "{tmp_path}/celery.pids"\n'
+        'case "$*" in *"-Q celery"*)\n'
+        f'  [ -e "{tmp_path}/killed" ] || {{ touch "{tmp_path}/killed"; kill -9 $$; }} ;;\n'
+        "esac\n"
+        "exec sleep 60\n"
+    )
+    # The web server serves until the worker has been started again (at most 20 s).
+    (bin_dir / "gunicorn").write_text(
+        "#!/bin/sh\n"
+        "i=0\n"
+        f'while [ "$(grep -c -- "-Q celery" "{tmp_path}/celery.calls" 2>/dev/null)" != 2 ] && [ $i -lt 200 ]; do\n'
+        "  sleep 0.1; i=$((i + 1))\n"
+        "done\n"
+    )
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT")}
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "run.sh")],
+        cwd=tmp_path,
+        env={**base, "VENV": ".venv", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    calls = (tmp_path / "celery.calls").read_text().splitlines()
+    assert sum("-Q celery" in c for c in calls) == 2, (calls, done.stderr[-2000:])  # killed, started again
+    assert sum("-Q notify" in c for c in calls) == 1 and sum(" beat " in c for c in calls) == 1, calls
+    assert "var/log/worker.log: the process stopped" in done.stderr
+    for pid in (tmp_path / "celery.pids").read_text().split():
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
