@@ -5,12 +5,15 @@ file that it cannot decode (which stopped the worker, and `make run` with it).""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from queue import Empty
 
 import pytest
 from kombu import Connection
 from kombu.exceptions import DecodeError
+
+from routing_project import broker
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -56,5 +59,41 @@ def test_a_worker_polling_during_a_publish_never_reads_a_message_half_written(em
         publishing._put("celery", {"body": PollsWhileEncoded()})
 
         assert seen_while_publishing == [None]
+        time.sleep(broker.RELIST_EVERY_S)  # the worker's next look at the folder
         assert polling._get("celery") == {"body": "body"}  # then the whole message
         assert sorted(os.listdir(tmp_path)) == []  # and nothing left behind
+
+
+def test_a_worker_takes_a_backlog_in_order_without_listing_the_folder_for_each_message(
+    embedded_transport, tmp_path, monkeypatch
+):
+    # kombu's reader listed and sorted the whole folder for every message: quadratic in a
+    # backlog (the e-mails of a bulk import), a core spent listing files. And the messages
+    # published within one millisecond came out in random order.
+    options = {"data_folder_in": str(tmp_path), "data_folder_out": str(tmp_path), "store_processed": False}
+    with Connection("filesystem://", transport=embedded_transport, transport_options=options) as conn:
+        channel = conn.default_channel
+        for n in range(50):
+            channel._put("notify", {"n": n})
+        channel._put("celery", {"timer": 1})  # another queue's message, in the same folder
+        listings = []
+        real_listdir = os.listdir
+
+        def counted(path):
+            listings.append(path)
+            return real_listdir(path)
+
+        monkeypatch.setattr(os, "listdir", counted)
+        taken = []
+        for _ in range(50):
+            taken.append(channel._get("notify")["n"])
+            with pytest.raises(Empty):  # as a worker polls its remote-control queue in between
+                channel._get("notify.worker@host.celery.pidbox")
+        assert taken == list(range(50))
+        assert len(listings) <= 3, len(listings)
+        channel._put("notify", {"n": 50})  # published after the listing: taken next
+        time.sleep(broker.RELIST_EVERY_S)
+        assert channel._get("notify") == {"n": 50}
+        with pytest.raises(Empty):
+            channel._get("notify")
+        assert channel._get("celery") == {"timer": 1}
