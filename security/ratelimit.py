@@ -1,24 +1,23 @@
 """Fixed-window rate limits in a store every process shares (Redis), failing open.
 
 A limit is only useful if it holds across web processes and machines, so the counters live
-in Redis (`REDIS_URL`). Without Redis (the embedded default, one machine) they live in a small
-SQLite file of their own (`RATE_LIMIT_SQLITE_PATH`), which every web process of the machine
-shares: `make run` starts one per core, and a limit counted in each process's memory let a
-client through that many times over. When the store is unreachable the limit fails open, with
-one warning at most every few seconds: intake must keep working.
+in Redis (`REDIS_URL`). Without Redis (the embedded default, one machine) they live in Django's
+cache, which is then diskcache's (`var/cache`, settings): its increments are atomic across
+processes, so every web process `make run` starts counts against one budget (in each
+process's memory, a client got through once per process). When the store is unreachable the
+limit fails open, with one warning at most every few seconds: intake must keep working.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection
 
 logger = logging.getLogger(__name__)
@@ -57,48 +56,6 @@ def _redis() -> Any:
     return _state.client
 
 
-class _FileState(threading.local):
-    """One connection per thread (gunicorn's threads) to the embedded store."""
-
-    conn: sqlite3.Connection | None = None
-    path: str = ""
-
-
-_file = _FileState()
-
-
-def _shared_file() -> sqlite3.Connection:
-    """The embedded store: one row per counted window, updated in a write transaction so that
-    every process's hits add up. Separate from the application's database: counting a request
-    must not wait for a routing transaction's write lock."""
-    path = str(settings.RATE_LIMIT_SQLITE_PATH)
-    if _file.conn is None or _file.path != path:
-        conn = sqlite3.connect(path, timeout=1.0, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=OFF")  # counters of the current minute: no fsync needed
-        conn.execute("CREATE TABLE IF NOT EXISTS hits (key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires REAL)")
-        _file.conn, _file.path = conn, path
-    return _file.conn
-
-
-def _file_hit(key: str, expires: float) -> int:
-    conn = _shared_file()
-    conn.execute("BEGIN IMMEDIATE")  # the write lock first: two processes never read the same count
-    try:
-        conn.execute(
-            "INSERT INTO hits (key, count, expires) VALUES (?, 1, ?) ON CONFLICT (key) DO UPDATE SET count = count + 1",
-            [key, expires],
-        )
-        count = int(conn.execute("SELECT count FROM hits WHERE key = ?", [key]).fetchone()[0])
-        if count == 1:  # a new window: the windows that ended go
-            conn.execute("DELETE FROM hits WHERE expires < ?", [time.time()])
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return count
-
-
 def _prefix() -> str:
     # The database name keeps deployments (and parallel test workers) sharing one Redis apart.
     return f"rl:{connection.settings_dict.get('NAME')}"
@@ -132,10 +89,12 @@ def rate_limit_hit(*, key: str, limit: int, window_s: int = 60) -> Verdict:
         except Exception as exc:  # any Redis failure: fail open, intake keeps working
             return _fail_open(limit, exc)
     else:
+        cache.add(full_key, 0, timeout=window_s + 1)
         try:
-            count = _file_hit(full_key, expires=(window + 1) * window_s + 1)
-        except sqlite3.Error as exc:  # the file unusable (disk full, locked for over a second)
-            return _fail_open(limit, exc)
+            count = cache.incr(full_key)
+        except ValueError:  # expired between add and incr
+            cache.set(full_key, 1, timeout=window_s + 1)
+            count = 1
     allowed = count <= limit
     return Verdict(allowed, count, limit, 0 if allowed else retry_after)
 
@@ -151,8 +110,7 @@ def rate_limit_count(*, key: str, window_s: int = 60) -> int:
         if client is not None:
             value = client.get(full_key)
         else:
-            row = _shared_file().execute("SELECT count FROM hits WHERE key = ?", [full_key]).fetchone()
-            value = row[0] if row else 0
+            value = cache.get(full_key)
     except Exception as exc:  # any store failure: fail open, and back off as a hit would
         if client is not None:
             _fail_open(0, exc)
@@ -168,6 +126,6 @@ def rate_limit_reset(*, key: str, window_s: int = 60) -> None:
         if client is not None:
             client.delete(full_key)
         else:
-            _shared_file().execute("DELETE FROM hits WHERE key = ?", [full_key])
+            cache.delete(full_key)
     except Exception:  # noqa: S110 - nothing to reset when the store is down
         pass

@@ -334,9 +334,11 @@ SPECTACULAR_SETTINGS = {
 # Sized above what one web tier can take (SPEC 9 targets hundreds of leads a second): the
 # default guards against a runaway client, not a busy one. Set a lower limit per client.
 API_RATE_LIMIT_PER_MINUTE = env.int("API_RATE_LIMIT_PER_MINUTE", default=60000)
-# Without REDIS_URL, the rate-limit and login-throttle counters every web process of the
-# machine shares (security/ratelimit.py).
-RATE_LIMIT_SQLITE_PATH = env.str("RATE_LIMIT_SQLITE_PATH", default=str(VAR_DIR / "ratelimit.sqlite3"))
+# Without REDIS_URL, the rate-limit and login-throttle counters (security/ratelimit.py) are in
+# Django's cache, which must then be one every web process of the machine shares: diskcache's
+# (SQLite files; atomic increments across processes), not the per-process default.
+if not REDIS_URL:
+    CACHES = {"default": {"BACKEND": "diskcache.DjangoCache", "LOCATION": str(VAR_DIR / "cache")}}
 # Failed logins allowed per (username, address) and per address in 15 minutes.
 # Fernet keys that encrypt the HMAC secrets kept in the database (security/fields.py): the
 # first encrypts, all decrypt. Empty: one derived from SECRET_KEY (then changing SECRET_KEY
