@@ -25,8 +25,8 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	scripts/run.sh
 
-## The whole suite: lint, types, tests on PostgreSQL and Redis, then the routing and API
-## tests again on the embedded default (SQLite).
+## The whole suite: lint, types, tests on PostgreSQL and Redis, then every test but the
+## browser ones again on the embedded default (SQLite).
 test: install-dev
 	scripts/services.sh
 	scripts/chromium.sh
@@ -43,7 +43,7 @@ test-pg:
 	scripts/pytest.sh -p xdist -n 2 --dist loadgroup
 
 test-embedded:
-	DATABASE_URL=sqlite:///$(CURDIR)/var/test-embedded.sqlite3 scripts/pytest.sh -m "not postgres" tests/leads tests/rotation
+	DATABASE_URL=sqlite:///$(CURDIR)/var/test-embedded.sqlite3 scripts/pytest.sh -m "not postgres" tests --ignore=tests/browser
 
 compose-check:
 	docker-compose -f docker-compose.yml config -q

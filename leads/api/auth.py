@@ -16,7 +16,9 @@ from leads.models import ApiClient
 from routing_project import configcache
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
-_last_used: dict[int, datetime] = {}  # client id -> when this process last wrote it
+# (client id, token hash) -> when this process last wrote it. The hash too: on SQLite a
+# client deleted and another created may get the same id, and must not inherit the memo.
+_last_used: dict[tuple[int, str], datetime] = {}
 
 
 class ClientPrincipal:
@@ -54,11 +56,12 @@ class BearerTokenAuthentication(BaseAuthentication):
         if client is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
         now = timezone.now()
-        seen = max(filter(None, (client.last_used_at, _last_used.get(client.pk))), default=None)
+        memo = (client.pk, client.token_hash)
+        seen = max(filter(None, (client.last_used_at, _last_used.get(memo))), default=None)
         if seen is None or now - seen > LAST_USED_RESOLUTION:
             # At most one write a minute per client and process: last-used is for humans.
             ApiClient.objects.filter(pk=client.pk).update(last_used_at=now)
-            _last_used[client.pk] = now
+            _last_used[memo] = now
         return ClientPrincipal(client), client
 
     def authenticate_header(self, request: Request) -> str:
