@@ -684,6 +684,7 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
             explanation.update({"group": group.slug, "strategy": group.strategy})
         new_rep: int | None = None
         kept: Assignment | None = None
+        new: Assignment | None = None
         if group is None:
             _end(previous, now, "rerouted")
             _queue(lead, "no rule matched and there is no default group")
@@ -742,11 +743,14 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
                 explanation.update({"reason": reason, "attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
         explanation.update({"to_rep": new_rep, "queue_reason": lead.queue_reason or None})
         lead.save(update_fields=LEAD_ROUTING_FIELDS)
-        if new_rep is None and previous is not None and from_group is not None:
-            # Taken from its rep into the queue: the webhooks of the group it left hear of it
-            # (owner null), as after an escalation to the queue, or the CRM would go on
-            # showing the old owner. No e-mail: nobody owns it.
-            notify.lead_notify_left_for_the_queue(lead=lead, group=from_group, attempt=previous.attempt, at=now)
+        if previous is not None and from_group is not None and (new_rep is None or from_group != group):
+            # Taken from its rep into the queue, or to a rep of another group (whose webhooks
+            # hear of it as an assignment): the webhooks of the group it left hear of it too,
+            # as after an escalation to the queue, or the CRM would go on showing the old owner.
+            if new is None:
+                notify.lead_notify_left(lead=lead, group=from_group, reason="queued", attempt=previous.attempt, at=now)
+            else:
+                notify.lead_notify_left(lead=lead, group=from_group, reason=new.reason, attempt=new.attempt, at=now)
         audit_record_many(
             events=[
                 Event(AuditEvent.Type.LEAD_REROUTED, actor, lead.id, group.slug if group else "", new_rep, explanation)

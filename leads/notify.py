@@ -64,13 +64,12 @@ def lead_notify(
     outbox_announce_on_commit(message.id)
 
 
-def lead_notify_left_for_the_queue(*, lead: Lead, group: Group, attempt: int, at: datetime) -> None:
-    """Announces to `group`'s webhooks that `lead`, which a rep of it held, was rerouted into
-    the queue (event "lead.rerouted", owner null, reason "queued"): the payload says where the
-    lead is now. No e-mail: nobody owns it."""
-    message = lead_outbox_message(
-        lead=lead, event="lead.rerouted", reason="queued", attempt=attempt, at=at, group=group
-    )
+def lead_notify_left(*, lead: Lead, group: Group, reason: str, attempt: int, at: datetime) -> None:
+    """Announces to `group`'s webhooks that `lead`, which a rep of it held, was rerouted away
+    (event "lead.rerouted"): into the queue (owner null, reason "queued") or to a rep of another
+    group (that rep, the new assignment's reason). The payload says where the lead is now. No
+    e-mail: the new owner, if any, has the assignment's."""
+    message = lead_outbox_message(lead=lead, event="lead.rerouted", reason=reason, attempt=attempt, at=at, group=group)
     message.payload["lead"]["group"] = lead.group.slug if lead.group is not None else None
     message.save(force_insert=True)
     outbox_announce_on_commit(message.id)

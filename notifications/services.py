@@ -37,6 +37,9 @@ from .models import Delivery, OutboxMessage, WebhookEndpoint
 logger = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Signature"
+# The events that e-mail the rep they name (a lead.rerouted names the new owner for the webhooks
+# of the group the lead left; that rep is e-mailed by the assignment's own message).
+EMAILED_EVENTS = ("lead.assigned", "lead.escalated")
 
 
 class DeliveryError(Exception):
@@ -262,7 +265,7 @@ def _deliveries_for(messages: list[OutboxMessage], now: datetime) -> list[Delive
                     next_attempt_at=now,
                 )
             )
-        if settings.NOTIFY_REP_EMAIL and m.rep_id in emails:
+        if settings.NOTIFY_REP_EMAIL and m.rep_id in emails and m.event in EMAILED_EVENTS:
             out.append(
                 Delivery(
                     message=m,
@@ -499,7 +502,7 @@ def email_content(d: Delivery) -> tuple[str, str]:
         ),
         "",
     ]
-    if m.rep_id is not None and m.event in ("lead.assigned", "lead.escalated"):
+    if m.rep_id is not None and m.event in EMAILED_EVENTS:
         from leads.accept_link import accept_url
 
         lines.append(f"Accept it: {accept_url(lead_id=m.lead_id, rep_id=m.rep_id)}")

@@ -485,6 +485,31 @@ def test_a_reroute_into_the_queue_tells_the_webhooks_of_the_group_it_left(post_l
     assert OutboxMessage.objects.filter(event="lead.rerouted").count() == 1
 
 
+def test_a_reroute_to_another_groups_rep_tells_the_webhooks_of_the_group_it_left(post_lead, make_group):
+    """The group it left heard nothing when the lead went to a rep of another group (only a
+    reroute into the queue was announced there): its CRM went on showing the old owner."""
+    from leads import actions
+    from rotation.models import RoutingRule
+
+    group, _ = make_group(1, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/")
+    lead_id = post_lead(group="emea", country="FR").json()["id"]
+    france, [pierre] = make_group(1, slug="france")
+    RoutingRule.objects.create(
+        name="France", priority=1, group=france, conditions=[{"field": "country", "op": "equals", "value": "FR"}]
+    )
+    lead = actions.lead_reroute(lead_id=lead_id, actor="t")
+    assert (lead.status, lead.owner_id) == ("assigned", pierre.id)
+    message = OutboxMessage.objects.get(event="lead.rerouted")
+    assert (message.lead_id, message.rep_id, message.group_id) == (lead_id, pierre.id, group.id)
+    assert message.payload["reason"] == "reroute" and message.payload["lead"]["group"] == "france"
+    deliveries = Delivery.objects.filter(id__in=services.outbox_dispatch(message_id=message.id))
+    assert [d.channel for d in deliveries] == ["webhook"]  # the new owner's e-mail is the assignment's
+    assert json.loads(services.webhook_body(deliveries[0]))["lead"]["owner"]["id"] == pierre.id
+    # The new group's webhooks and the new owner hear of it as an assignment, once.
+    assert OutboxMessage.objects.filter(event="lead.assigned", group_id=france.id, rep_id=pierre.id).count() == 1
+
+
 def test_a_deactivated_endpoint_gets_no_more_retries(post_lead, make_group, receiver, settings):
     settings.NOTIFY_REP_EMAIL = False
     group, _ = make_group(1, slug="emea")
