@@ -39,7 +39,7 @@ TIME_FIELDS = ("created_at", "assigned_at", "sla_due_at")
 
 def lead_payload(lead: Lead, **extra: Any) -> dict[str, Any]:
     """Plain data only: no queries when `lead.group` is loaded (intake sets it)."""
-    values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes")}
+    values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes", "queue_reason")}
     return lead_payload_values(values, lead.group.slug if lead.group is not None else None, **extra)
 
 
@@ -48,6 +48,8 @@ def lead_payload_values(values: Mapping[str, Any], group: str | None, **extra: A
     doc: dict[str, Any] = {f: values.get(f) for f in PAYLOAD_FIELDS}
     doc["group"] = group or None
     doc["attributes"] = values.get("attributes") or {}
+    # Why a queued lead is queued (null otherwise, as in the API's lead).
+    doc["queue_reason"] = values.get("queue_reason") or None
     for name in TIME_FIELDS:
         value: datetime | None = values.get(name)
         doc[name] = value.isoformat() if value else None
@@ -84,7 +86,7 @@ def lead_outbox_message(
         payload = lead_payload(lead, reason=reason, attempt=attempt)
         group_id = lead.group_id
     else:
-        values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes")}
+        values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes", "queue_reason")}
         payload = lead_payload_values(values, group.slug, reason=reason, attempt=attempt)
         group_id = group.id
     # A lead not written yet has no id: its writer fills it in (0 meanwhile).

@@ -311,6 +311,7 @@ def test_no_group_queues_with_the_reason_and_notifies_only_assignments(make_grou
     assigned = Lead.objects.get(external_id="q-2")
     assert (message.lead_id, message.rep_id, message.event) == (assigned.id, assigned.owner_id, "lead.assigned")
     assert message.payload["lead"]["group"] == "emea" and message.payload["lead"]["status"] == "assigned"
+    assert message.payload["lead"]["queue_reason"] is None  # intake's payload
 
 
 def test_no_notify_writes_no_outbox(make_group):

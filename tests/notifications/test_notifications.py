@@ -43,6 +43,7 @@ def test_intake_writes_one_outbox_row_with_the_assignment(post_lead, make_group)
     )
     assert message.payload["lead"]["company"] == "Acme" and message.payload["lead"]["group"] == "emea"
     assert message.payload["reason"] == "rotation" and message.payload["attempt"] == 1
+    assert message.payload["lead"]["queue_reason"] is None  # as in the API: null unless queued
     assert message.dispatched_at is None
 
 
@@ -452,7 +453,11 @@ def test_an_escalation_to_the_queue_tells_the_webhooks_nobody_owns_the_lead(post
     assert message.payload["reason"] == "queued" and message.payload["lead"]["status"] == "queued"
     deliveries = Delivery.objects.filter(id__in=services.outbox_dispatch(message_id=message.id))
     assert [d.channel for d in deliveries] == ["webhook"]  # no e-mail: nobody owns it
-    assert json.loads(services.webhook_body(deliveries[0]))["lead"]["owner"] is None
+    lead = json.loads(services.webhook_body(deliveries[0]))["lead"]
+    assert lead["owner"] is None
+    # Why it is queued, as the API's lead says it (the receiver need not ask).
+    assert lead["queue_reason"] == Lead.objects.get(pk=lead_id).queue_reason
+    assert "max_attempts" in lead["queue_reason"]
 
 
 @pytest.mark.parametrize("moved", [False, True])
