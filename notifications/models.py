@@ -7,7 +7,9 @@ and exponential backoff. A periodic sweep picks up whatever a lost task left beh
 """
 
 import secrets
+from urllib.parse import urlsplit
 
+from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import models
 from django.db.models import Q
@@ -21,6 +23,16 @@ _HTTP_URL = URLValidator(
 )
 
 
+def port_in_range(url: str) -> None:
+    """URLValidator takes any 1-5 digit port: 0 or one over 65535 could never get a delivery."""
+    try:
+        port = urlsplit(url).port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValidationError("Enter a port from 1 to 65535.", code="bad_port")
+
+
 def new_secret() -> str:
     return secrets.token_hex(32)
 
@@ -29,7 +41,7 @@ class WebhookEndpoint(models.Model):
     """Where a group's lead events are POSTed, signed with the endpoint's secret."""
 
     group = models.ForeignKey(Group, on_delete=models.CASCADE, related_name="webhook_endpoints")
-    url = models.URLField(max_length=500, validators=[_HTTP_URL])
+    url = models.URLField(max_length=500, validators=[_HTTP_URL, port_in_range])
     secret = SealedField(  # encrypted at rest (security/fields.py)
         default=new_secret,
         help_text="Signs each delivery: X-Signature: t=<unix>,v1=<hex HMAC-SHA256 of '<t>.<body>'>.",

@@ -415,6 +415,21 @@ def test_an_endpoint_address_that_cannot_be_posted_to_is_refused_in_the_admin(ad
     assert not WebhookEndpoint.objects.exists()
 
 
+@pytest.mark.parametrize("url", ["http://crm.example:99999/hook", "https://crm.example:0/hook"])
+def test_an_endpoint_port_nothing_can_listen_on_is_refused_in_the_admin(admin_client, make_group, url):
+    """URLValidator takes any port of up to five digits: every delivery to one over 65535
+    failed (ValueError) until it was given up."""
+    group, _ = make_group(1, slug="emea")
+    r = admin_client.post("/admin/notifications/webhookendpoint/add/", {"group": group.pk, "url": url, "active": "on"})
+    assert r.status_code == 200 and r.context["adminform"].form.errors["url"] == ["Enter a port from 1 to 65535."]
+    assert not WebhookEndpoint.objects.exists()
+    ok = admin_client.post(
+        "/admin/notifications/webhookendpoint/add/",
+        {"group": group.pk, "url": "https://crm.example:65535/hook", "active": "on"},
+    )
+    assert ok.status_code == 200 and WebhookEndpoint.objects.get().url == "https://crm.example:65535/hook"
+
+
 @pytest.mark.postgres
 def test_one_drain_is_published_for_messages_committed_while_one_is_queued(
     post_lead, make_group, monkeypatch, django_capture_on_commit_callbacks
