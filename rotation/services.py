@@ -283,7 +283,10 @@ def membership_update(*, membership: Membership, actor: str, changed: Iterable[s
     # The member's row, as escalation takes it (under its routing locks), waited for no longer
     # than routing waits; removed meanwhile, the edit has nothing to write.
     set_lock_timeout()
-    if not Membership.objects.select_for_update().filter(pk=membership.pk).exists():
+    paused_reason = (
+        Membership.objects.select_for_update().filter(pk=membership.pk).values_list("paused_reason", flat=True).first()
+    )
+    if paused_reason is None:
         raise Membership.DoesNotExist("No such member: removed from the group meanwhile.")
     change = _change(membership, [c for c in changed if c not in ("group", "rep", "group_id", "rep_id")])
     # Escalation counts SLA misses and auto-pauses the member under its own lock, between this
@@ -298,6 +301,9 @@ def membership_update(*, membership: Membership, actor: str, changed: Iterable[s
         # Un-paused (by hand, or after an auto-pause): the miss count starts again.
         membership.paused_reason, membership.consecutive_misses = "", 0
         written += ["paused_reason", "consecutive_misses"]
+        if paused_reason:  # the audit says which pause (an auto-pause, and why) was lifted
+            change.fields.append("paused_reason")
+            change.before["paused_reason"] = paused_reason
     membership.save(update_fields=written)
     if unwritten := sorted(ESCALATION_WRITES.difference(written)):
         membership.refresh_from_db(fields=unwritten)  # answered as stored: paused meanwhile, it says so

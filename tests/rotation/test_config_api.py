@@ -287,6 +287,10 @@ def test_a_member_patch_writes_only_the_fields_it_changes(make_group):
     services.membership_update(membership=stored, actor="test", changed=["active"])
     stored = Membership.objects.get(pk=member.pk)
     assert (stored.active, stored.paused_reason, stored.consecutive_misses) == (True, "", 0)
+    # The audit names the pause that was lifted, not only "active".
+    event = AuditEvent.objects.filter(type="membership.changed", rep_id=rep.pk).latest("id")
+    assert event.explanation["before"] == {"active": False, "paused_reason": paused}
+    assert event.explanation["changes"] == {"active": True, "paused_reason": ""}
     # Removed meanwhile: the edit writes nothing back (a 404 over the API).
     Membership.objects.filter(pk=member.pk).delete()
     with pytest.raises(Membership.DoesNotExist):
