@@ -498,6 +498,7 @@ def test_a_reroute_into_the_queue_tells_the_webhooks_of_the_group_it_left(post_l
     assert (message.lead_id, message.rep_id, message.group_id) == (lead_id, None, group.id)
     assert message.payload["reason"] == "queued" and message.payload["lead"]["status"] == "queued"
     assert message.payload["lead"]["group"] == ("france" if moved else "emea")
+    assert message.payload["lead"]["queue_reason"] == Lead.objects.get(pk=lead_id).queue_reason != ""
     deliveries = Delivery.objects.filter(id__in=services.outbox_dispatch(message_id=message.id))
     assert [d.channel for d in deliveries] == ["webhook"]  # no e-mail: nobody owns it
     # Rerouted again while queued: nobody held it, nothing more to tell.
