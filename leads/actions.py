@@ -252,7 +252,7 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     _end(assignment, now, "sla_missed")
     missed_rep = assignment.rep_id
     events: list[Event] = []
-    paused = _count_miss(group, missed_rep, lead.id, actor, events)
+    paused, frees_capacity = _count_miss(group, missed_rep, lead.id, actor, events)
     # An attempt is an assignment of the lead in this group, by the rotation or by hand; the
     # misses are those that ran out their SLA.
     in_group = list(Assignment.objects.filter(lead=lead, group=group).values_list("end_reason", flat=True))
@@ -310,8 +310,11 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
         )
     events.insert(0, Event(AuditEvent.Type.LEAD_ESCALATED, actor, lead.id, group.slug, new_rep, explanation))
     audit_record_many(events=events)
-    # The rep who missed has one open lead fewer: under a max_open cap that frees capacity.
-    scheduling.drain_schedule_on_commit(group_ids=[group.id])
+    # The rep who missed has one open lead fewer: under a max_open cap that frees capacity
+    # (without one it frees none, and the drain, which walks past every lead in the queue
+    # that used up its attempts, is not run for nothing after each escalation).
+    if frees_capacity:
+        scheduling.drain_schedule_on_commit(group_ids=[group.id])
     slug, outcome = group.slug, "reassigned" if new_rep else "queued"
     transaction.on_commit(lambda: _escalation_counted(slug, outcome))
     logger.info("lead %s escalated from rep %s to %s", lead.id, missed_rep, new_rep or "the queue")
@@ -353,18 +356,23 @@ def _escalation_counted(group: str, outcome: str) -> None:
     metrics.escalation_recorded(group=group, outcome=outcome)
 
 
-def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: list[Event]) -> bool:
-    """Counts a consecutive SLA miss; pauses the member at the group's threshold (if set)."""
+def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: list[Event]) -> tuple[bool, bool]:
+    """Counts a consecutive SLA miss; pauses the member at the group's threshold (if set).
+    Returns whether it paused the member, and whether the lead it loses frees capacity (a
+    `max_open` cap, the member still taking leads)."""
     member = Membership.objects.select_for_update().filter(group=group, rep_id=rep_id).first()
     if member is None:
-        return False
+        return False, False
     member.consecutive_misses += 1
     fields = ["consecutive_misses"]
     threshold = group.auto_pause_after_misses
     paused = bool(threshold) and member.active and member.consecutive_misses >= (threshold or 0)
     if paused:
         member.active = False
-        member.paused_reason = f"auto-paused after {member.consecutive_misses} consecutive SLA misses"
+        misses = (
+            "1 SLA miss" if member.consecutive_misses == 1 else f"{member.consecutive_misses} consecutive SLA misses"
+        )
+        member.paused_reason = f"auto-paused after {misses}"
         fields += ["active", "paused_reason"]
     member.save(update_fields=fields)
     if paused:
@@ -384,7 +392,7 @@ def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: lis
                 },
             )
         )
-    return paused
+    return paused, member.max_open is not None and not paused
 
 
 def escalation_sweep(*, batch: int | None = None, now: datetime | None = None) -> dict[str, int]:

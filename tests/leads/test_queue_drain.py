@@ -477,3 +477,23 @@ def test_a_busy_rotation_leaves_the_drain_to_the_worker(api, make_group, publish
     r = api.patch(f"/api/v1/groups/emea/members/{rep.id}/", {"active": True}, format="json")
     assert r.status_code == 200, r.content  # the change stands; its drain is handed on
     assert status(waiting) == "queued" and published == [group.id]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("max_open", "drained"), [(None, False), (5, True)])
+def test_an_escalation_asks_for_a_drain_only_when_it_frees_a_capped_place(
+    api, make_group, monkeypatch, max_open, drained
+):
+    """The rep who missed the SLA has one open lead fewer: that frees a place under a
+    max_open cap only. Without one, no drain (it would walk the whole queue for nothing)."""
+    from leads import scheduling
+
+    group, reps = make_group(2, slug="emea", sla_minutes="1")
+    Membership.objects.filter(group=group).update(max_open=max_open)
+    asked: list[list[int]] = []
+    monkeypatch.setattr(scheduling, "drain_schedule_on_commit", lambda *, group_ids: asked.append(list(group_ids)))
+    lead = post(api, group="emea")
+    assignment = Assignment.objects.get(lead_id=lead["id"])
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    assert actions.lead_escalate(assignment_id=assignment.id).outcome == "escalated"
+    assert asked == ([[group.id]] if drained else [])
