@@ -360,7 +360,11 @@ def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: lis
     """Counts a consecutive SLA miss; pauses the member at the group's threshold (if set).
     Returns whether it paused the member, and whether the lead it loses frees capacity (a
     `max_open` cap, the member still taking leads)."""
-    member = Membership.objects.select_for_update().filter(group=group, rep_id=rep_id).first()
+    # The member's row only, by its key (no join with the group's row: the model's ordering
+    # would lock that too, FOR UPDATE, where routing holds it FOR NO KEY UPDATE).
+    member = (
+        Membership.objects.select_for_update(of=("self",)).filter(group=group, rep_id=rep_id).order_by("pk").first()
+    )
     if member is None:
         return False, False
     member.consecutive_misses += 1

@@ -283,8 +283,15 @@ def membership_update(*, membership: Membership, actor: str, changed: Iterable[s
     # The member's row, as escalation takes it (under its routing locks), waited for no longer
     # than routing waits; removed meanwhile, the edit has nothing to write.
     set_lock_timeout()
+    # The member's row only: `first()` alone would order by the model's ordering, joining the
+    # group's row and locking it FOR UPDATE too, against routing's lock order (a deadlock
+    # with an escalation that holds the group's rows and waits for this member's).
     paused_reason = (
-        Membership.objects.select_for_update().filter(pk=membership.pk).values_list("paused_reason", flat=True).first()
+        Membership.objects.select_for_update(of=("self",))
+        .filter(pk=membership.pk)
+        .order_by("pk")
+        .values_list("paused_reason", flat=True)
+        .first()
     )
     if paused_reason is None:
         raise Membership.DoesNotExist("No such member: removed from the group meanwhile.")

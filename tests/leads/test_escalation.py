@@ -6,6 +6,7 @@ SLAs here are seconds long (sla_minutes 0.03 = 1.8 s); the worker's beat sweeps 
 import re
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
@@ -241,3 +242,32 @@ def test_a_lead_waiting_when_the_groups_sla_is_removed_is_not_escalated(api, mak
     summary = event_summary(type=event.type, explanation=event.explanation, rep_id=event.rep_id, names={})
     assert summary == "SLA due time cleared: the group's SLA was removed; the lead stays with its rep."
     assert api.get(f"/api/v1/leads/{lead['id']}/").json()["sla_due_at"] is None
+
+
+def test_a_members_row_lock_takes_that_row_alone(api, make_group):
+    """Escalation (holding the group's rows as routing does) locks the member's row to count
+    a miss, and a member's edit locks it first. Each must lock the member's row only: a lock
+    query joining the group's row (as the model's ordering makes `first()` do) took it FOR
+    UPDATE too, and an edit and an escalation of the same member deadlocked."""
+    from django.test.utils import CaptureQueriesContext
+
+    from leads import actions
+    from rotation import services
+
+    group, reps = make_group(2, slug="emea", sla_minutes="1")
+    lead = post(api, group="emea")
+    member = Membership.objects.get(group=group, rep=reps[1])
+    member.max_open = 3
+    with CaptureQueriesContext(connection) as edit:
+        services.membership_update(membership=member, actor="t", changed=["max_open"])
+    assignment = Assignment.objects.get(lead_id=lead["id"])
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    with CaptureQueriesContext(connection) as escalation:
+        assert actions.lead_escalate(assignment_id=assignment.id).outcome == "escalated"
+    locks = [
+        q["sql"]
+        for q in [*edit.captured_queries, *escalation.captured_queries]
+        if q["sql"].startswith('SELECT "rotation_membership"') and "FOR UPDATE" in q["sql"]
+    ]
+    assert len(locks) == 2, locks
+    assert all("rotation_group" not in sql and sql.endswith('FOR UPDATE OF "rotation_membership"') for sql in locks)
