@@ -6,6 +6,8 @@ import hmac
 import json
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -19,6 +21,18 @@ from notifications import services, tasks
 from notifications.models import Delivery, OutboxMessage, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A local HTTP server answering with `handler`, for the time of the block: its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def verify(secret: str, header: str, body: bytes) -> bool:
@@ -195,19 +209,14 @@ def test_a_redirect_is_a_failed_attempt_not_a_delivery(make_group, settings):
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{server.server_address[1]}/hooks")
+    with serving(Handler) as base:
+        WebhookEndpoint.objects.create(group=group, url=f"{base}/hooks")
         with transaction.atomic():
             message = services.outbox_add(
                 event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={"lead": {"id": 7}}
             )
         [delivery_id] = services.outbox_dispatch(message_id=message.id)
         assert services.delivery_attempt(delivery_id=delivery_id) is not None
-    finally:
-        server.shutdown()
-        server.server_close()
     d = Delivery.objects.get(pk=delivery_id)
     assert (d.status, d.attempts, d.last_status_code) == ("pending", 1, 302)
     assert requests == [("POST", "/hooks")]
@@ -253,22 +262,19 @@ def test_a_receiver_that_trickles_its_answer_is_cut_at_the_timeout(make_group, s
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{server.server_address[1]}/slow")
-        with transaction.atomic():
-            message = services.outbox_add(
-                event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={"lead": {"id": 7}}
-            )
-        [delivery_id] = services.outbox_dispatch(message_id=message.id)
-        started = time.monotonic()
-        assert services.delivery_attempt(delivery_id=delivery_id) is not None
-        took = time.monotonic() - started
-    finally:
-        stop.set()
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as base:
+        try:
+            WebhookEndpoint.objects.create(group=group, url=f"{base}/slow")
+            with transaction.atomic():
+                message = services.outbox_add(
+                    event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={"lead": {"id": 7}}
+                )
+            [delivery_id] = services.outbox_dispatch(message_id=message.id)
+            started = time.monotonic()
+            assert services.delivery_attempt(delivery_id=delivery_id) is not None
+            took = time.monotonic() - started
+        finally:
+            stop.set()
     assert took < 2, took  # the receiver would take 10 s or more
     d = Delivery.objects.get(pk=delivery_id)
     assert (d.status, d.attempts, d.last_status_code) == ("pending", 1, None)
@@ -645,44 +651,41 @@ def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(m
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        hung = WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{server.server_address[1]}/h")
-        WebhookEndpoint.objects.create(group=group, url=receiver.url)
-        ids = []
-        for lead_id in (7, 8):
-            with transaction.atomic():
-                message = services.outbox_add(
-                    event="lead.assigned", lead_id=lead_id, group_id=group.id, rep_id=reps[0].id, payload={}
-                )
-            ids += services.outbox_dispatch(message_id=message.id)
-        to_hung = [i for i in ids if Delivery.objects.get(pk=i).endpoint_id == hung.id]
-        to_healthy = [i for i in ids if i not in to_hung]
+    with serving(Handler) as base:
+        try:
+            hung = WebhookEndpoint.objects.create(group=group, url=f"{base}/h")
+            WebhookEndpoint.objects.create(group=group, url=receiver.url)
+            ids = []
+            for lead_id in (7, 8):
+                with transaction.atomic():
+                    message = services.outbox_add(
+                        event="lead.assigned", lead_id=lead_id, group_id=group.id, rep_id=reps[0].id, payload={}
+                    )
+                ids += services.outbox_dispatch(message_id=message.id)
+            to_hung = [i for i in ids if Delivery.objects.get(pk=i).endpoint_id == hung.id]
+            to_healthy = [i for i in ids if i not in to_hung]
 
-        assert services.delivery_attempt(delivery_id=to_hung[0]) is not None  # timed out
-        hung.refresh_from_db()
-        assert hung.unreachable_until is not None and hung.unreachable_until > timezone.now()
-        wait = services.delivery_attempt(delivery_id=to_hung[1])
-        assert wait is not None and wait > 0
-        held = Delivery.objects.get(pk=to_hung[1])
-        assert (held.status, held.attempts, held.next_attempt_at) == ("pending", 0, hung.unreachable_until)
-        assert len(hits) == 1  # not sent: no second hung request
-        for delivery_id in to_healthy:
-            assert services.delivery_attempt(delivery_id=delivery_id) is None
-        assert len(receiver.requests) == 2  # the other endpoint was served meanwhile
+            assert services.delivery_attempt(delivery_id=to_hung[0]) is not None  # timed out
+            hung.refresh_from_db()
+            assert hung.unreachable_until is not None and hung.unreachable_until > timezone.now()
+            wait = services.delivery_attempt(delivery_id=to_hung[1])
+            assert wait is not None and wait > 0
+            held = Delivery.objects.get(pk=to_hung[1])
+            assert (held.status, held.attempts, held.next_attempt_at) == ("pending", 0, hung.unreachable_until)
+            assert len(hits) == 1  # not sent: no second hung request
+            for delivery_id in to_healthy:
+                assert services.delivery_attempt(delivery_id=delivery_id) is None
+            assert len(receiver.requests) == 2  # the other endpoint was served meanwhile
 
-        answering.set()
-        WebhookEndpoint.objects.filter(pk=hung.pk).update(unreachable_until=timezone.now() - timedelta(seconds=1))
-        make_due(to_hung[1])
-        assert services.delivery_attempt(delivery_id=to_hung[1]) is None
-        assert Delivery.objects.get(pk=to_hung[1]).status == "sent"
-        hung.refresh_from_db()
-        assert hung.unreachable_until is None
-    finally:
-        answering.set()
-        server.shutdown()
-        server.server_close()
+            answering.set()
+            WebhookEndpoint.objects.filter(pk=hung.pk).update(unreachable_until=timezone.now() - timedelta(seconds=1))
+            make_due(to_hung[1])
+            assert services.delivery_attempt(delivery_id=to_hung[1]) is None
+            assert Delivery.objects.get(pk=to_hung[1]).status == "sent"
+            hung.refresh_from_db()
+            assert hung.unreachable_until is None
+        finally:
+            answering.set()
 
 
 def test_a_repointed_endpoint_gets_the_retries_and_the_log_says_so(make_group, receiver, settings):
@@ -764,10 +767,8 @@ def test_an_error_answer_with_a_nul_byte_is_counted_and_ends_failed(make_group, 
         def log_message(self, *args) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        WebhookEndpoint.objects.create(group=group, url=f"http://127.0.0.1:{server.server_address[1]}/hooks")
+    with serving(Handler) as base:
+        WebhookEndpoint.objects.create(group=group, url=f"{base}/hooks")
         with transaction.atomic():
             message = services.outbox_add(
                 event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={}
@@ -779,9 +780,6 @@ def test_an_error_answer_with_a_nul_byte_is_counted_and_ends_failed(make_group, 
         assert d.last_error == "HTTP 500: upstream \ufffd failure"
         make_due(delivery_id)
         assert services.delivery_attempt(delivery_id=delivery_id) is None
-    finally:
-        server.shutdown()
-        server.server_close()
     d.refresh_from_db()
     assert (d.status, d.attempts) == ("failed", 2)
 
