@@ -2,10 +2,14 @@
 batches under one rotation lock per group per batch, with intake's audit explanation."""
 
 import io
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection, transaction
 from rest_framework import serializers
 
 from audit.models import AuditEvent
@@ -466,15 +470,10 @@ def test_account_owners_take_their_leads_without_moving_the_rotation(make_group)
     assert RotationState.objects.get(group=group).turns == 2
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_a_batch_retries_after_a_lock_timeout_on_a_held_rotation_row(make_group, settings, caplog):
-    import threading
-
-    from django.db import connection, transaction
-
-    settings.ROUTING_LOCK_TIMEOUT_MS = 300
-    group, _ = make_group(2, slug="emea")
+@contextmanager
+def rotation_row_held(group) -> Iterator[threading.Event]:
+    """Holds `group`'s rotation row lock from another connection, as a long routing
+    transaction would, for the block or until the event it yields is set."""
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -482,16 +481,28 @@ def test_a_batch_retries_after_a_lock_timeout_on_a_held_rotation_row(make_group,
             with transaction.atomic():
                 RotationState.objects.select_for_update().get(group=group)
                 held.set()
-                release.wait(5)
+                release.wait(10)
         finally:
             connection.close()
 
     holder = threading.Thread(target=hold)
     holder.start()
-    assert held.wait(5)
-    threading.Timer(0.5, release.set).start()  # longer than one lock timeout, shorter than the retries
-    report = run(csv_of(*good_rows(3)))
-    holder.join()
+    try:
+        assert held.wait(5)
+        yield release
+    finally:
+        release.set()
+        holder.join()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_retries_after_a_lock_timeout_on_a_held_rotation_row(make_group, settings, caplog):
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    group, _ = make_group(2, slug="emea")
+    with rotation_row_held(group) as release:
+        threading.Timer(0.5, release.set).start()  # longer than one lock timeout, shorter than the retries
+        report = run(csv_of(*good_rows(3)))
     assert (report.imported, report.assigned, report.batches) == (3, 3, 1)
     assert Lead.objects.count() == 3 and Assignment.objects.count() == 3
     assert RotationState.objects.get(group=group).turns == 3
@@ -503,38 +514,17 @@ def test_a_batch_retries_after_a_lock_timeout_on_a_held_rotation_row(make_group,
 def test_the_command_stopped_by_a_held_rotation_row_says_what_is_imported(make_group, settings, tmp_path: Path):
     # Past its retries, a batch's error ends the command with what the batches before it did,
     # as the admin upload says it, not a traceback; the same file run again imports the rest.
-    import threading
-
-    from django.db import connection, transaction
-
     settings.ROUTING_LOCK_TIMEOUT_MS = 100
     settings.ROUTING_MAX_RETRIES = 0
     make_group(1, slug="emea")
     other, _ = make_group(1, slug="apac")
     path = tmp_path / "leads.csv"
     path.write_text(HEADER + "".join(row + "\n" for row in [*good_rows(2), *good_rows(2, group="apac", prefix="y")]))
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                RotationState.objects.select_for_update().get(group=other)
-                held.set()
-                release.wait(10)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(5)
-        with pytest.raises(
-            CommandError, match=r"stopped \(OperationalError: .*lock timeout.*first 2 rows are imported"
-        ):
-            call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2")
-    finally:
-        release.set()
-        holder.join()
+    with (
+        rotation_row_held(other),
+        pytest.raises(CommandError, match=r"stopped \(OperationalError: .*lock timeout.*first 2 rows are imported"),
+    ):
+        call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2")
     assert Lead.objects.count() == 2
     out = io.StringIO()
     call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2", stdout=out)
