@@ -77,6 +77,8 @@ class EscalationResult:
     outcome: str  # "escalated", "queued", "not_due", "done" (nothing left to do), "skipped", "gone"
     due_at: datetime | None = None
     lead_id: int | None = None
+    # The other overdue assignments of the group escalated under the same lock, by outcome.
+    backlog: dict[str, int] | None = None
 
 
 # --- the transaction and the locks -----------------------------------------------------------
@@ -224,15 +226,69 @@ def lead_escalate(*, assignment_id: int, actor: str = "system:sla", skip_locked:
     the assignment; every later run finds it ended and does nothing. `skip_locked` (the sweep)
     passes over a lead another transaction is working on; the next sweep looks again.
     """
-    return _in_transaction(lambda: _escalate_locked(assignment_id, actor, skip_locked))
-
-
-def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> EscalationResult:
-    row = Assignment.objects.filter(pk=assignment_id).values_list("lead_id", "group_id").first()
+    row = (
+        Assignment.objects.filter(pk=assignment_id)
+        .values_list("lead_id", "group_id", "ended_at", "accepted_at", "due_at")
+        .first()
+    )
     if row is None:
         return EscalationResult("gone")
-    lead_id, group_id = row
+    lead_id, group_id, ended_at, accepted_at, due_at = row
+    # Settled without a lock: an ended or accepted assignment never opens again, so a timer
+    # delivered twice, or one whose assignment a batch below already escalated, costs one read
+    # and does not queue behind the group's rotation lock.
+    if ended_at is not None or accepted_at is not None or due_at is None:
+        return EscalationResult("done", lead_id=lead_id)
+    if due_at > timezone.now():
+        return EscalationResult("not_due", due_at=due_at, lead_id=lead_id)
+    return _in_transaction(lambda: _escalate_with_backlog(assignment_id, lead_id, group_id, actor, skip_locked))
+
+
+def _escalate_with_backlog(
+    assignment_id: int, lead_id: int, group_id: int | None, actor: str, skip_locked: bool
+) -> EscalationResult:
+    """Escalates the assignment, then, under the same rotation lock, the group's other overdue
+    assignments (at most `ESCALATION_BATCH` - 1, oldest due first). When many assignments of
+    one group come due together (a burst of leads, an import), one transaction escalates a
+    backlog instead of each timer queueing behind the others for the rotation lock and a
+    commit of its own: the group keeps up with its due times. Each is escalated exactly as on
+    its own (its own explanation and audit event); a lead another transaction holds is passed
+    over (its timer or the sweep takes it), and any failure stops the batch at that lead
+    (its savepoint rolled back) with the ones before kept."""
     state = routing.lock_rotation(group_id) if group_id is not None else None
+    result = _escalate_locked(assignment_id, lead_id, state, actor, skip_locked)
+    if state is None or result.outcome not in ("escalated", "queued") or settings.ESCALATION_BATCH <= 1:
+        return result
+    others = list(
+        Assignment.objects.filter(
+            group_id=state.group_id,
+            ended_at__isnull=True,
+            accepted_at__isnull=True,
+            due_at__isnull=False,
+            due_at__lte=timezone.now(),
+        )
+        .exclude(pk=assignment_id)
+        .order_by("due_at", "pk")
+        .values_list("pk", "lead_id")[: settings.ESCALATION_BATCH - 1]
+    )
+    tally: dict[str, int] = {}
+    for other_id, other_lead_id in others:
+        try:
+            with transaction.atomic():
+                outcome = _escalate_locked(other_id, other_lead_id, state, actor, skip_locked=True).outcome
+        except Exception:
+            # `state` may have moved in memory with the rolled-back work: stop here. The lead's
+            # own timer, or the sweep, escalates it (and logs whatever fails again).
+            logger.warning("escalation batch of group %s stopped at assignment %s", group_id, other_id, exc_info=True)
+            break
+        tally[outcome] = tally.get(outcome, 0) + 1
+    return replace(result, backlog=tally)
+
+
+def _escalate_locked(
+    assignment_id: int, lead_id: int, state: RotationState | None, actor: str, skip_locked: bool
+) -> EscalationResult:
+    """One escalation, the group's rotation row (`state`) locked by the caller."""
     lead = _lock_lead(lead_id, skip_locked=skip_locked)
     if lead is None:
         return EscalationResult("skipped", lead_id=lead_id)
@@ -255,9 +311,10 @@ def _escalate_locked(assignment_id: int, actor: str, skip_locked: bool) -> Escal
     paused, frees_capacity = _count_miss(group, missed_rep, lead.id, actor, events)
     # An attempt is an assignment of the lead in this group, by the rotation or by hand; the
     # misses are those that ran out their SLA.
-    in_group = list(Assignment.objects.filter(lead=lead, group=group).values_list("end_reason", flat=True))
+    history = list(Assignment.objects.filter(lead=lead).values_list("group_id", "end_reason", "rep_id"))
+    in_group = [end_reason for group_id, end_reason, _ in history if group_id == group.id]
     attempts, misses = len(in_group), in_group.count("sla_missed")
-    had = set(Assignment.objects.filter(lead=lead).values_list("rep_id", flat=True))
+    had = {rep_id for _, _, rep_id in history}
     explanation: dict[str, Any] = {
         "group": group.slug,
         "strategy": group.strategy,
@@ -417,7 +474,10 @@ def escalation_sweep(*, batch: int | None = None, now: datetime | None = None) -
     tally: dict[str, int] = {}
     for assignment_id in ids:
         try:
-            outcome = lead_escalate(assignment_id=assignment_id, actor="system:sweep", skip_locked=True).outcome
+            result = lead_escalate(assignment_id=assignment_id, actor="system:sweep", skip_locked=True)
+            outcome = result.outcome
+            for other, n in (result.backlog or {}).items():
+                tally[other] = tally.get(other, 0) + n
         except routing.RoutingBusy:
             outcome = "busy"
         except Exception:

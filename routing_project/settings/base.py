@@ -202,7 +202,7 @@ CELERY_TASK_PUBLISH_RETRY = False
 #   (`manage.py measure_escalation`): about 9 KiB of worker memory per held timer; 100,000
 #   pending over 30 minutes -> ~4,200 held, +37 MiB. Past ESCALATION_ARM_MAX timers in one
 #   window, the rest escalate by the sweep (at most one sweep period late) instead.
-# Escalation is idempotent (locks, then re-read), so a duplicate timer costs one no-op.
+# Escalation is idempotent (locks, then re-read), so a duplicate timer costs one read.
 ESCALATION_TIMER_HORIZON_S = env.float("ESCALATION_TIMER_HORIZON_S", default=120.0)
 ESCALATION_ARM_EVERY_S = env.float("ESCALATION_ARM_EVERY_S", default=60.0)
 ESCALATION_ARM_OVERLAP_S = env.float("ESCALATION_ARM_OVERLAP_S", default=15.0)
@@ -210,6 +210,12 @@ ESCALATION_ARM_MAX = env.int("ESCALATION_ARM_MAX", default=10_000)
 # The safety net's period: a lost timer escalates at most this late (plus the sweep's run).
 ESCALATION_SWEEP_EVERY_S = env.float("ESCALATION_SWEEP_EVERY_S", default=5.0)
 ESCALATION_SWEEP_BATCH = env.int("ESCALATION_SWEEP_BATCH", default=500)
+# An escalation also escalates up to this many - 1 other overdue assignments of its group under
+# the same rotation lock (a burst of due times is worked off in a few transactions, not one per
+# lead); it bounds how long intake into that group waits for the lock meanwhile. 1: one each.
+ESCALATION_BATCH = env.int("ESCALATION_BATCH", default=20)
+if ESCALATION_BATCH < 1:
+    raise ImproperlyConfigured(f"ESCALATION_BATCH is {ESCALATION_BATCH}: give at least 1.")
 # Queues drain after commit of the change that freed capacity; this sweep is the backstop
 # (an absence that simply ends is announced by no write).
 QUEUE_DRAIN_SWEEP_EVERY_S = env.float("QUEUE_DRAIN_SWEEP_EVERY_S", default=30.0)

@@ -61,6 +61,9 @@ class Command(BaseCommand):
         parser.add_argument("--pending", type=int, default=100_000)
         parser.add_argument("--spread-minutes", type=float, default=30.0)
         parser.add_argument("--samples", type=int, default=30)
+        parser.add_argument(
+            "--spacing", type=float, default=0.2, help="Seconds between the samples' due times (0.01: a burst)."
+        )
         parser.add_argument("--skip-naive", action="store_true", help="Do not publish every timer for contrast.")
         parser.add_argument("--skip-delay", action="store_true", help="Memory only.")
 
@@ -81,7 +84,7 @@ class Command(BaseCommand):
             return
         worker = self.start_worker(beat=True)
         try:
-            self.measure_delay(group, reps, opts["samples"])
+            self.measure_delay(group, reps, opts["samples"], opts["spacing"])
         finally:
             self.stop(worker)
             self.redis.flushdb()
@@ -144,6 +147,7 @@ class Command(BaseCommand):
         return ids
 
     def start_worker(self, *, beat: bool) -> subprocess.Popen[bytes]:
+        Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
         log = open(Path(settings.VAR_DIR) / f"measure-worker-{'beat' if beat else 'plain'}.log", "wb")  # noqa: SIM115
         cmd = [str(Path(sys.executable).parent / "celery"), "-A", "routing_project", "worker", "--concurrency", "2"]
         cmd += ["--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "WARNING"]
@@ -223,10 +227,10 @@ class Command(BaseCommand):
 
     # --- delay ----------------------------------------------------------------------------
 
-    def measure_delay(self, group: Group, reps: list[Rep], samples: int) -> None:
+    def measure_delay(self, group: Group, reps: list[Rep], samples: int, spacing: float) -> None:
         for path in ("timer", "sweep"):
             now = timezone.now()
-            dues = [now + timedelta(seconds=5 + 0.2 * i) for i in range(samples)]
+            dues = [now + timedelta(seconds=5 + spacing * i) for i in range(samples)]
             ids = self.make_assignments(group, reps, dues)
             if path == "timer":
                 for assignment_id, due in zip(ids, dues, strict=True):

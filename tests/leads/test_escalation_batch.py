@@ -1,0 +1,126 @@
+"""Escalations of one group that fall due together are worked off under one rotation lock.
+
+Called directly (the Celery task only wraps `lead_escalate`), on PostgreSQL: the locks and
+SKIP LOCKED are the point.
+"""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from leads import actions
+from leads.models import Assignment, Lead
+from rotation.models import RotationState
+from tests.conftest import lead_body
+from tests.leads.test_bulk_import import rotation_row_held
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def overdue_leads(api, slug: str, n: int) -> list[Assignment]:
+    """`n` leads posted to the group, their assignments then made overdue, oldest due first."""
+    ids = [api.post("/api/v1/leads/", lead_body(group=slug), format="json").json()["id"] for _ in range(n)]
+    rows = list(Assignment.objects.filter(lead_id__in=ids).order_by("lead_id"))
+    past = timezone.now() - timedelta(seconds=10)
+    for i, row in enumerate(rows):
+        Assignment.objects.filter(pk=row.pk).update(due_at=past + timedelta(milliseconds=i))
+    return rows
+
+
+def escalated(lead_id: int) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(lead_id=lead_id, type="lead.escalated"))
+
+
+def test_one_escalation_takes_the_groups_overdue_backlog_each_explained(api, make_group):
+    group, reps = make_group(4, slug="burst", sla_minutes="10")
+    rows = overdue_leads(api, "burst", 6)
+    turns = RotationState.objects.get(group=group).turns
+
+    result = actions.lead_escalate(assignment_id=rows[0].pk)
+
+    assert result.outcome == "escalated" and result.backlog == {"escalated": 5}
+    for row in rows:
+        (event,) = escalated(row.lead_id)
+        assert event.actor == "system:sla" and event.explanation["from_rep"] == row.rep_id
+        lead = Lead.objects.get(pk=row.lead_id)
+        assert lead.owner_id == event.rep_id != row.rep_id and lead.escalations == 1
+        assert Assignment.objects.get(pk=row.pk).end_reason == "sla_missed"
+    assert RotationState.objects.get(group=group).turns == turns + 6  # one turn per escalation, in order
+    # The later timers of the batch find their work done.
+    assert [actions.lead_escalate(assignment_id=row.pk).outcome for row in rows[1:]] == ["done"] * 5
+
+
+def test_the_backlog_is_bounded_and_leaves_what_is_not_due(api, make_group, settings):
+    settings.ESCALATION_BATCH = 3
+    group, reps = make_group(4, slug="burst", sla_minutes="10")
+    rows = overdue_leads(api, "burst", 5)
+    later = api.post("/api/v1/leads/", lead_body(group="burst"), format="json").json()
+
+    result = actions.lead_escalate(assignment_id=rows[0].pk)
+
+    assert result.backlog == {"escalated": 2}
+    assert [len(escalated(row.lead_id)) for row in rows] == [1, 1, 1, 0, 0]  # oldest due first
+    assert escalated(later["id"]) == []  # not due yet: its own timer will come
+
+    settings.ESCALATION_BATCH = 1  # one escalation per transaction, as without batching
+    assert actions.lead_escalate(assignment_id=rows[3].pk).backlog is None
+    assert [len(escalated(row.lead_id)) for row in rows] == [1, 1, 1, 1, 0]
+
+
+def test_a_lead_held_by_another_transaction_is_passed_over(api, make_group):
+    group, reps = make_group(3, slug="burst", sla_minutes="10")
+    rows = overdue_leads(api, "burst", 3)
+    held, release, errors = threading.Event(), threading.Event(), []
+
+    def hold() -> None:  # an accept of the middle lead, say, still working
+        try:
+            with transaction.atomic():
+                Lead.objects.select_for_update().get(pk=rows[1].lead_id)
+                held.set()
+                release.wait(10)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(5)
+        started = time.monotonic()
+        result = actions.lead_escalate(assignment_id=rows[0].pk)
+        assert time.monotonic() - started < 1.5  # SKIP LOCKED: no wait for the held lead
+    finally:
+        release.set()
+        holder.join()
+    assert not errors, errors
+    assert result.outcome == "escalated" and result.backlog == {"skipped": 1, "escalated": 1}
+    assert [len(escalated(row.lead_id)) for row in rows] == [1, 0, 1]
+    assert Assignment.objects.get(pk=rows[1].pk).ended_at is None  # left to its own timer
+    assert actions.lead_escalate(assignment_id=rows[1].pk).outcome == "escalated"
+
+
+def test_a_settled_timer_does_not_wait_for_the_rotation_lock(api, make_group):
+    group, reps = make_group(2, slug="burst", sla_minutes="10")
+    (row,) = overdue_leads(api, "burst", 1)
+    assert actions.lead_escalate(assignment_id=row.pk).outcome == "escalated"
+    not_due = Assignment.objects.get(lead_id=row.lead_id, ended_at__isnull=True)
+    with rotation_row_held(group):
+        started = time.monotonic()
+        assert actions.lead_escalate(assignment_id=row.pk).outcome == "done"  # delivered twice
+        result = actions.lead_escalate(assignment_id=not_due.pk)  # woken early
+        assert time.monotonic() - started < 0.5
+    assert result.outcome == "not_due" and result.due_at == not_due.due_at
+
+
+def test_the_sweep_counts_what_the_batches_escalated(api, make_group):
+    group, reps = make_group(4, slug="burst", sla_minutes="10")
+    rows = overdue_leads(api, "burst", 4)
+    tally = actions.escalation_sweep()
+    assert tally == {"escalated": 4, "done": 3}  # one batch; the sweep's other three ids found it done
+    assert all(len(escalated(row.lead_id)) == 1 for row in rows)
