@@ -266,6 +266,10 @@ class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     raw_id_fields = ("user",)
     formfield_overrides = STRICT_JSON
 
+    def autocomplete_label(self, obj: Rep) -> str:
+        """Where a rep is picked (a group's members, an account's owner): reps may share a name."""
+        return f"{obj.name} <{obj.email}>" + ("" if obj.active else " (inactive)")
+
     def save_model(self, request: HttpRequest, obj: Rep, form: Any, change: bool) -> None:
         services.rep_save(rep=obj, actor=admin_actor(request), changed=form.changed_data)
 

@@ -75,4 +75,10 @@ class CheckedAutocompleteMixin:
     def formfield_for_foreignkey(self, db_field: Any, request: Any, **kwargs: Any) -> Any:
         if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):  # type: ignore[attr-defined]
             kwargs["widget"] = CheckedAutocompleteSelect(db_field, self.admin_site, using=kwargs.get("using"))  # type: ignore[attr-defined]
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)  # type: ignore[misc]
+        # The chosen value as the autocomplete lists it (routing_project/admin_site.py).
+        related = self.admin_site._registry.get(db_field.remote_field.model)  # type: ignore[attr-defined]
+        label = getattr(related, "autocomplete_label", None)
+        if field is not None and label is not None and db_field.name in self.get_autocomplete_fields(request):  # type: ignore[attr-defined]
+            field.label_from_instance = label
+        return field

@@ -23,7 +23,7 @@ DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "routing_project.admin_site.RouterAdminConfig",  # django.contrib.admin, autocomplete labels
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -532,3 +532,23 @@ def test_the_audit_trail_lists_the_newest_events_first(staff, api, make_group):
     html = staff.get("/admin/audit/auditevent/").content.decode()
     shown = [int(i) for i in re.findall(r'<th class="field-id"><a href="[^"]*">(\d+)</a>', html)]
     assert shown and shown == sorted(AuditEvent.objects.values_list("id", flat=True), reverse=True)
+
+
+def test_reps_of_one_name_are_told_apart_where_a_rep_is_picked(staff, make_group):
+    group, (member,) = make_group(1, slug="emea")
+    twin = RepFactory(name=member.name, active=False)
+    found = staff.get(
+        "/admin/autocomplete/",
+        {"app_label": "rotation", "model_name": "membership", "field_name": "rep", "term": member.name},
+    )
+    assert found.status_code == 200, found.content
+    texts = sorted(r["text"] for r in found.json()["results"])
+    assert texts == sorted([f"{member.name} <{member.email}>", f"{twin.name} <{twin.email}> (inactive)"])
+    owner = staff.get(
+        "/admin/autocomplete/",
+        {"app_label": "rotation", "model_name": "account", "field_name": "owner", "term": twin.email},
+    )
+    assert [r["text"] for r in owner.json()["results"]] == [f"{twin.name} <{twin.email}> (inactive)"]
+    # The rep already chosen on a member row reads the same.
+    page = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
+    assert f"{member.name} &lt;{member.email}&gt;</option>" in page

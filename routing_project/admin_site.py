@@ -1,0 +1,36 @@
+"""The admin site: Django's, with autocomplete answers a model admin can label.
+
+Two reps may share a name; picking one for a group or an account by name alone would be a
+guess. A model admin with an `autocomplete_label(obj)` method gives the text shown in its
+autocomplete results (and, through `CheckedAutocompleteMixin`, for the value already chosen).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.apps import AdminConfig
+from django.contrib.admin.views.autocomplete import AutocompleteJsonView
+from django.db.models import Model
+from django.http import HttpRequest, HttpResponse
+
+
+class LabelledAutocompleteJsonView(AutocompleteJsonView):
+    def serialize_result(self, obj: Model, to_field_name: str) -> dict[str, Any]:
+        result = super().serialize_result(obj, to_field_name)  # type: ignore[misc]  # not in django-stubs
+        label = getattr(self.model_admin, "autocomplete_label", None)
+        if label is not None:
+            result["text"] = label(obj)
+        return result
+
+
+class RouterAdminSite(admin.AdminSite):
+    def autocomplete_view(self, request: HttpRequest) -> HttpResponse:
+        return LabelledAutocompleteJsonView.as_view(admin_site=self)(request)  # type: ignore[return-value]
+
+
+class RouterAdminConfig(AdminConfig):
+    """Installed in place of `django.contrib.admin`: `admin.site` is a `RouterAdminSite`."""
+
+    default_site = "routing_project.admin_site.RouterAdminSite"
