@@ -177,11 +177,22 @@ def _miss_run_ends_if_in_time(assignment: Assignment, now: datetime) -> None:
 
 
 def _assign(
-    lead: Lead, *, rep_id: int, group: Group | None, reason: str, now: datetime, over_cap: bool = False
+    lead: Lead,
+    *,
+    rep_id: int,
+    group: Group | None,
+    reason: str,
+    now: datetime,
+    over_cap: bool = False,
+    last_attempt: int | None = None,
 ) -> Assignment:
-    """A new open assignment and the lead's new owner; its SLA timer is published on commit."""
+    """A new open assignment and the lead's new owner; its SLA timer is published on commit.
+    `last_attempt`: the lead's highest attempt so far, when the caller has read it (under the
+    lead's lock)."""
     due = routing.sla_due(group, now) if group is not None else None
-    last = Assignment.objects.filter(lead=lead).order_by("-attempt").values_list("attempt", flat=True).first()
+    last = last_attempt
+    if last is None:
+        last = Assignment.objects.filter(lead=lead).order_by("-attempt").values_list("attempt", flat=True).first()
     assignment = Assignment.objects.create(
         lead=lead,
         rep_id=rep_id,
@@ -311,10 +322,10 @@ def _escalate_locked(
     paused, frees_capacity = _count_miss(group, missed_rep, lead.id, actor, events)
     # An attempt is an assignment of the lead in this group, by the rotation or by hand; the
     # misses are those that ran out their SLA.
-    history = list(Assignment.objects.filter(lead=lead).values_list("group_id", "end_reason", "rep_id"))
-    in_group = [end_reason for group_id, end_reason, _ in history if group_id == group.id]
+    history = list(Assignment.objects.filter(lead=lead).values_list("group_id", "end_reason", "rep_id", "attempt"))
+    in_group = [end_reason for group_id, end_reason, _, _ in history if group_id == group.id]
     attempts, misses = len(in_group), in_group.count("sla_missed")
-    had = {rep_id for _, _, rep_id in history}
+    had = {rep_id for _, _, rep_id, _ in history}
     explanation: dict[str, Any] = {
         "group": group.slug,
         "strategy": group.strategy,
@@ -352,7 +363,14 @@ def _escalate_locked(
         if decision.rep_id is None:
             _queue(lead, f"SLA missed; no eligible rep in '{group.slug}' who has not had this lead")
         else:
-            new = _assign(lead, rep_id=decision.rep_id, group=group, reason=Assignment.Reason.ESCALATION, now=now)
+            new = _assign(
+                lead,
+                rep_id=decision.rep_id,
+                group=group,
+                reason=Assignment.Reason.ESCALATION,
+                now=now,
+                last_attempt=max(attempt for *_, attempt in history),
+            )
             routing.advance(state, decision)
             new_rep = decision.rep_id
             explanation.update({"to_rep": new_rep, "attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
