@@ -79,6 +79,7 @@ class EscalationResult:
     lead_id: int | None = None
     # The other overdue assignments of the group escalated under the same lock, by outcome.
     backlog: dict[str, int] | None = None
+    frees_capacity: bool = False  # the rep who missed was under a max_open cap
 
 
 # --- the transaction and the locks -----------------------------------------------------------
@@ -268,8 +269,19 @@ def _escalate_with_backlog(
     (its savepoint rolled back) with the ones before kept."""
     state = routing.lock_rotation(group_id) if group_id is not None else None
     result = _escalate_locked(assignment_id, lead_id, state, actor, skip_locked)
-    if state is None or result.outcome not in ("escalated", "queued") or settings.ESCALATION_BATCH <= 1:
+    if state is None or result.outcome not in ("escalated", "queued"):
         return result
+    drain = result.frees_capacity
+    if settings.ESCALATION_BATCH > 1:
+        result, drain = _escalate_backlog(state, result, actor, exclude=assignment_id, drain=drain)
+    if drain:
+        scheduling.drain_schedule_on_commit(group_ids=[state.group_id])
+    return result
+
+
+def _escalate_backlog(
+    state: RotationState, result: EscalationResult, actor: str, *, exclude: int, drain: bool
+) -> tuple[EscalationResult, bool]:
     others = list(
         Assignment.objects.filter(
             group_id=state.group_id,
@@ -278,7 +290,7 @@ def _escalate_with_backlog(
             due_at__isnull=False,
             due_at__lte=timezone.now(),
         )
-        .exclude(pk=assignment_id)
+        .exclude(pk=exclude)
         .order_by("due_at", "pk")
         .values_list("pk", "lead_id")[: settings.ESCALATION_BATCH - 1]
     )
@@ -286,14 +298,17 @@ def _escalate_with_backlog(
     for other_id, other_lead_id in others:
         try:
             with transaction.atomic():
-                outcome = _escalate_locked(other_id, other_lead_id, state, actor, skip_locked=True).outcome
+                other = _escalate_locked(other_id, other_lead_id, state, actor, skip_locked=True)
         except Exception:
             # `state` may have moved in memory with the rolled-back work: stop here. The lead's
             # own timer, or the sweep, escalates it (and logs whatever fails again).
-            logger.warning("escalation batch of group %s stopped at assignment %s", group_id, other_id, exc_info=True)
+            logger.warning(
+                "escalation batch of group %s stopped at assignment %s", state.group_id, other_id, exc_info=True
+            )
             break
-        tally[outcome] = tally.get(outcome, 0) + 1
-    return replace(result, backlog=tally)
+        tally[other.outcome] = tally.get(other.outcome, 0) + 1
+        drain = drain or other.frees_capacity
+    return replace(result, backlog=tally), drain
 
 
 def _escalate_locked(
@@ -387,13 +402,12 @@ def _escalate_locked(
     audit_record_many(events=events)
     # The rep who missed has one open lead fewer: under a max_open cap that frees capacity
     # (without one it frees none, and the drain, which walks past every lead in the queue
-    # that used up its attempts, is not run for nothing after each escalation).
-    if frees_capacity:
-        scheduling.drain_schedule_on_commit(group_ids=[group.id])
+    # that used up its attempts, is not run for nothing after each escalation). The caller
+    # schedules it, once for a whole batch.
     slug, outcome = group.slug, "reassigned" if new_rep else "queued"
     transaction.on_commit(lambda: _escalation_counted(slug, outcome))
     logger.info("lead %s escalated from rep %s to %s", lead.id, missed_rep, new_rep or "the queue")
-    return EscalationResult("escalated" if new_rep else "queued", lead_id=lead.id)
+    return EscalationResult("escalated" if new_rep else "queued", lead_id=lead.id, frees_capacity=frees_capacity)
 
 
 def _sla_removed(lead: Lead, assignment: Assignment, actor: str) -> None:

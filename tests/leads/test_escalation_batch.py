@@ -13,9 +13,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from leads import actions
+from leads import actions, scheduling
 from leads.models import Assignment, Lead
-from rotation.models import RotationState
+from rotation.models import Membership, RotationState
 from tests.conftest import lead_body
 from tests.leads.test_bulk_import import rotation_row_held
 
@@ -124,3 +124,13 @@ def test_the_sweep_counts_what_the_batches_escalated(api, make_group):
     tally = actions.escalation_sweep()
     assert tally == {"escalated": 4, "done": 3}  # one batch; the sweep's other three ids found it done
     assert all(len(escalated(row.lead_id)) == 1 for row in rows)
+
+
+def test_a_batch_that_frees_capacity_drains_the_queue_once(api, make_group, monkeypatch):
+    group, reps = make_group(4, slug="burst", sla_minutes="10")
+    Membership.objects.filter(group=group).update(max_open=50)  # each miss frees a place
+    rows = overdue_leads(api, "burst", 4)
+    drains: list[list[int]] = []
+    monkeypatch.setattr(scheduling, "drain_publish", lambda group_ids: drains.append(group_ids))
+    assert actions.lead_escalate(assignment_id=rows[0].pk).backlog == {"escalated": 3}
+    assert drains == [[group.id]]
