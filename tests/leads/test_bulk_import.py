@@ -3,8 +3,8 @@ batches under one rotation lock per group per batch, with intake's audit explana
 
 import io
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -470,16 +470,22 @@ def test_account_owners_take_their_leads_without_moving_the_rotation(make_group)
     assert RotationState.objects.get(group=group).turns == 2
 
 
-@contextmanager
-def rotation_row_held(group) -> Iterator[threading.Event]:
+def rotation_row_held(group) -> AbstractContextManager[threading.Event]:
     """Holds `group`'s rotation row lock from another connection, as a long routing
     transaction would, for the block or until the event it yields is set."""
+    return row_held(lambda: RotationState.objects.select_for_update().get(group=group))
+
+
+@contextmanager
+def row_held(lock: Callable[[], object]) -> Iterator[threading.Event]:
+    """Runs `lock` (a SELECT ... FOR UPDATE) in a transaction of another connection and holds
+    what it locked for the block, or until the event it yields is set."""
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
         try:
             with transaction.atomic():
-                RotationState.objects.select_for_update().get(group=group)
+                lock()
                 held.set()
                 release.wait(10)
         finally:

@@ -4,12 +4,10 @@ Called directly (the Celery task only wraps `lead_escalate`), on PostgreSQL: the
 SKIP LOCKED are the point.
 """
 
-import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -17,7 +15,7 @@ from leads import actions, scheduling
 from leads.models import Assignment, Lead
 from rotation.models import Membership, RotationState
 from tests.conftest import lead_body
-from tests.leads.test_bulk_import import rotation_row_held
+from tests.leads.test_bulk_import import rotation_row_held, row_held
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -75,30 +73,11 @@ def test_the_backlog_is_bounded_and_leaves_what_is_not_due(api, make_group, sett
 def test_a_lead_held_by_another_transaction_is_passed_over(api, make_group):
     group, reps = make_group(3, slug="burst", sla_minutes="10")
     rows = overdue_leads(api, "burst", 3)
-    held, release, errors = threading.Event(), threading.Event(), []
-
-    def hold() -> None:  # an accept of the middle lead, say, still working
-        try:
-            with transaction.atomic():
-                Lead.objects.select_for_update().get(pk=rows[1].lead_id)
-                held.set()
-                release.wait(10)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(5)
+    # An accept of the middle lead, say, still working.
+    with row_held(lambda: Lead.objects.select_for_update().get(pk=rows[1].lead_id)):
         started = time.monotonic()
         result = actions.lead_escalate(assignment_id=rows[0].pk)
         assert time.monotonic() - started < 1.5  # SKIP LOCKED: no wait for the held lead
-    finally:
-        release.set()
-        holder.join()
-    assert not errors, errors
     assert result.outcome == "escalated" and result.backlog == {"skipped": 1, "escalated": 1}
     assert [len(escalated(row.lead_id)) for row in rows] == [1, 0, 1]
     assert Assignment.objects.get(pk=rows[1].pk).ended_at is None  # left to its own timer
