@@ -143,6 +143,16 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
                 ticks[key] = min(ticks[key], max(due + stride - 1, 1))
     eligible = [c for c in ordered if c.eligible]
     chosen = min(eligible, key=lambda c: ticks[str(c.rep_id)]) if eligible else None
+    if chosen is not None:
+        # Exact from the first window: the next sum(weights) turns are those before the soonest
+        # turn (the chosen one's) plus a whole scale, ties by position. A member whose first
+        # turn lies a stride or more past it (placed again for new weights) would get one
+        # turn fewer there; it takes its turn just before that instead.
+        soonest = ticks[str(chosen.rep_id)]
+        for c in eligible:
+            key, stride = str(c.rep_id), scale // c.weight
+            if (ticks[key], c.position, c.rep_id) >= (soonest + stride, chosen.position, chosen.rep_id):
+                ticks[key] = soonest + stride - 1
     step = 0
     if chosen is not None:
         step = ticks[str(chosen.rep_id)]

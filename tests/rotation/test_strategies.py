@@ -354,3 +354,30 @@ def test_weighted_a_weight_change_that_keeps_the_lcm_is_seen_too():
     picks = reweighted([2, 2, 1], 5, weights, 6 * sum(weights))
     assert burstiness(weights, picks[-3 * sum(weights) :]) <= fresh_burstiness(weights) + 1e-9, picks
     assert Counter(picks[: sum(weights)]) == {0: 2, 1: 1, 2: 1}  # exact from the first window
+
+
+def exact_windows(weights: list[int], picks: list[int | None]) -> bool:
+    total = sum(weights)
+    expected = dict(enumerate(weights))
+    return all(Counter(picks[start : start + total]) == expected for start in range(len(picks) - total + 1))
+
+
+def test_weighted_new_weights_are_exact_from_the_first_window():
+    """4:4:1 turned into 4:4:3 gave the next 11 leads 4/5/2: the member whose weight was raised
+    had its first turn placed a whole stride after the soonest one, and lost the tie there."""
+    cases = [([4, 4, 1], 15, [4, 4, 3]), ([5, 2, 2], 1, [6, 5, 4]), ([1, 1, 3, 1], 7, [1, 5, 6, 2])]
+    for before, turns, after in cases:
+        picks = reweighted(before, turns, after, 3 * sum(after))
+        assert Counter(picks[: sum(after)]) == dict(enumerate(after)), (before, turns, after, picks)
+        assert exact_windows(after, picks), (before, turns, after, picks)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 6), st.integers(1, 6)), min_size=1, max_size=5),
+    st.integers(0, 40),
+)
+def test_weighted_exact_over_every_window_after_a_weight_change(pairs, turns):
+    before, after = [b for b, _ in pairs], [a for _, a in pairs]
+    picks = reweighted(before, turns, after, 3 * sum(after))
+    assert exact_windows(after, picks), (before, turns, after, picks)
