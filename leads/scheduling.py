@@ -111,6 +111,8 @@ def drain_publish_at(group_ids: list[int], at: datetime) -> None:
     """Drains these groups when an absence ends at `at` (ABSENCE_END_DRAIN_DELAY_S after), if
     that is within the timer horizon; `escalation_arm` publishes later ones when they come
     within it."""
+    if not within_horizon(at):  # far off (an open-ended leave may end in the year 9999): armed later
+        return
     eta = at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
     if eta <= timezone.now() or not within_horizon(eta):
         return

@@ -92,3 +92,19 @@ def test_an_absence_ending_within_the_horizon_publishes_its_drains_at_once(
     with django_capture_on_commit_callbacks(execute=True):
         services.absence_add(absence=later, actor="t")
     assert [name for name, _ in sent if name == scheduling.DRAIN_TASK] == []
+
+
+def test_an_absence_with_no_end_in_sight_is_taken_without_an_error(
+    api, make_group, monkeypatch, caplog, django_capture_on_commit_callbacks
+):
+    """An absence may end on the last day there is (an open-ended leave): its drain is armed
+    later, if ever, and working out when used to overflow past the year 9999 in the log."""
+    _group, (rep,) = make_group(1, slug="emea")
+    sent = []
+    monkeypatch.setattr(scheduling, "publish", lambda name, **options: sent.append((name, options)) or True)
+    body = {"starts_at": "2026-01-01T00:00:00Z", "ends_at": "9999-12-31T23:59:59.999999Z", "reason": "leave"}
+    with caplog.at_level("ERROR"), django_capture_on_commit_callbacks(execute=True):
+        r = api.post(f"/api/v1/reps/{rep.id}/absences/", body, format="json")
+    assert r.status_code == 201, r.content
+    assert [record.getMessage() for record in caplog.records if record.levelname == "ERROR"] == []
+    assert [name for name, _ in sent if name == scheduling.DRAIN_TASK] == []
