@@ -16,6 +16,9 @@ from . import health, metrics
 
 router = DefaultRouter(trailing_slash=True)
 router.include_root_view = False
+# The contract's paths only: no `leads.json`-style suffix variants, which no schema documents
+# and whose custom actions (events, accept, close...) took no `format` argument (a 500).
+router.include_format_suffixes = False
 router.register("leads", LeadViewSet, basename="lead")
 router.register("groups", GroupViewSet, basename="group")
 router.register("reps", RepViewSet, basename="rep")

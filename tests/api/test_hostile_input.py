@@ -31,6 +31,27 @@ def test_unmatched_api_urls_are_json_404s_with_debug_on_too(api, client, setting
     assert api.post("/api/v1/leads", {}, format="json").status_code == 308  # the slash redirect stays
 
 
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("get", "/api/v1/leads.json"),
+        ("get", "/api/v1/leads/{lead}.json"),
+        ("get", "/api/v1/leads/{lead}/events.json"),
+        ("post", "/api/v1/leads/{lead}/close.json"),
+        ("post", "/api/v1/leads/{lead}/accept.json"),
+        ("get", "/api/v1/groups.json"),
+        ("get", "/api/v1/rules.json"),
+    ],
+)
+def test_format_suffixed_paths_are_json_404s(api, method, url):
+    """The API's paths are the contract's, ending with a slash: a `.json` suffix names no
+    endpoint (the router's suffix variants answered some actions with a 500)."""
+    lead = api.post("/api/v1/leads/", {"email": "suffix@customer.example"}, format="json").json()["id"]
+    r = getattr(api, method)(url.format(lead=lead), {"outcome": "won"} if method == "post" else None, format="json")
+    assert r.status_code == 404 and r["Content-Type"] == "application/json", (url, r.status_code)
+    assert r.json() == {"detail": "Not found."}
+
+
 def test_created_after_takes_any_offset_and_refuses_out_of_range(api):
     Lead.objects.create(email="a@b.example", email_normalized="a@b.example", status="queued", created_at=timezone.now())
     r = api.get("/api/v1/leads/", {"created_after": "2000-01-01T00:00:00-21:45"})

@@ -62,8 +62,6 @@ def api_endpoints() -> list[Endpoint]:
         for regex_name, regex, route_name in kwargs_names:
             name = regex_name or route_name
             kwargs[name] = _dummy(name, regex)
-        if "format" in kwargs:
-            continue  # the router's `.json` suffix variants
         url = reverse(pattern.name, kwargs=kwargs)
         actions: dict[str, str] = getattr(callback, "actions", None) or {
             m: m for m in cls.http_method_names if m not in ("options", "head") and hasattr(cls, m)
