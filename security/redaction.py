@@ -44,6 +44,16 @@ _PHONE_PATTERNS = [
 ]
 _PATTERNS += _PHONE_PATTERNS
 
+# A query parameter named for contact data, or the admin's search box (`q`), in a URL a log
+# line carries (gunicorn's request line and Referer, runserver's, a login redirect's `next`,
+# where it is percent-encoded once more): its value goes whatever its shape, since national
+# phone formats (020 7946 0958) and names match none of the patterns above.
+_CONTACT_PARAM = re.compile(
+    r"(?i)(?:(?<=[?&;])|(?<=%3f)|(?<=%26))"
+    r"((?:q|email|phone|mobile|tel|telephone|first_name|last_name|name)(?:=|%3d))"
+    r"(?:(?!%26)[^&;\s\"'<>])+"
+)
+
 # A run of characters a URL (a request line, a query string) keeps together.
 _URL_TOKEN = re.compile(r"[^\s\"'<>]+")
 _PLUS_BETWEEN_DIGITS = re.compile(r"(?<=\d)\+(?=\d)")
@@ -63,6 +73,7 @@ def _url_phones(match: re.Match[str]) -> str:
 
 
 def redact(text: str) -> str:
+    text = _CONTACT_PARAM.sub(rf"\1{REDACTED}", text)
     for pattern in _PATTERNS:
         text = pattern.sub(REDACTED, text)
     return _URL_TOKEN.sub(_url_phones, text)
