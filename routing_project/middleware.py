@@ -99,6 +99,22 @@ class RequestIdMiddleware:
         return response
 
 
+class NoStoreMiddleware:
+    """The API's answers and a rep's accept page carry leads' contact details: no browser or
+    proxy cache may keep a copy of them."""
+
+    _PATHS = ("/api/v1/", "/leads/accept/")
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if request.path.startswith(self._PATHS) and "Cache-Control" not in response:
+            response["Cache-Control"] = "no-store"
+        return response
+
+
 class BodySizeLimitMiddleware:
     """413 for API bodies over the limit, before anything reads them."""
 

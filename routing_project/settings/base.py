@@ -48,6 +48,7 @@ MIDDLEWARE = [
     # Before the middleware below that answers on its own (413, 411, 308): those answers
     # carry the security headers too.
     "django.middleware.security.SecurityMiddleware",
+    "routing_project.middleware.NoStoreMiddleware",
     "routing_project.middleware.BodySizeLimitMiddleware",
     "routing_project.middleware.ApiTrailingSlashMiddleware",
     "routing_project.middleware.AdminListGuardMiddleware",

@@ -6,6 +6,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from leads.accept_link import accept_path
+from tests.conftest import lead_body
+
 pytestmark = pytest.mark.django_db
 
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
@@ -39,3 +42,23 @@ def test_answers_given_before_any_view_carry_them_too(api, settings):
 def test_an_unknown_host_is_refused():
     assert Client().get("/admin/login/", HTTP_HOST="evil.example").status_code == 400
     assert Client().get("/api/v1/queue/", HTTP_HOST="evil.example").status_code == 400
+
+
+def test_answers_holding_contact_data_are_not_stored_by_caches(api, make_group):
+    """The API's answers and the rep's accept page carry leads' contact details: no browser or
+    proxy cache keeps a copy (`no-store`). The schema and the docs may be cached."""
+    make_group(2, slug="emea")
+    created = api.post("/api/v1/leads/", lead_body(group="emea", phone="+33 1 23 45 67 89"), format="json")
+    lead = created.json()
+    answers = [
+        created,
+        api.get(f"/api/v1/leads/{lead['id']}/"),
+        api.get("/api/v1/leads/"),
+        api.get("/api/v1/queue/"),
+        Client().get("/api/v1/leads/"),  # 401
+        Client().get(accept_path(lead_id=lead["id"], rep_id=lead["owner"]["id"])),
+    ]
+    for response in answers:
+        assert response.status_code in (200, 201, 401), response.status_code
+        assert "no-store" in response.get("Cache-Control", ""), (response.status_code, dict(response.headers))
+    assert "no-store" not in Client().get("/api/schema/").get("Cache-Control", "")
