@@ -200,15 +200,18 @@ class AccessLogMiddleware:
         )
         if not request.path.startswith(_QUIET_PATHS):
             client = getattr(request, "auth", None)
+            # Escaped as Django escapes the path in its own lines: a CR or LF (%0A) in it would
+            # otherwise start a forged line in the plain format.
+            path = request.path.encode("unicode_escape").decode("ascii")
             access_logger.info(
                 "%s %s %s %.1fms",
                 request.method,
-                request.path,
+                path,
                 response.status_code,
                 seconds * 1000,
                 extra={
                     "method": request.method,
-                    "path": request.path,
+                    "path": path,
                     "status": response.status_code,
                     "duration_ms": round(seconds * 1000, 2),
                     "client": getattr(client, "name", None),

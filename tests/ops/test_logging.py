@@ -69,6 +69,20 @@ def test_one_access_line_per_api_request_without_contact_data(make_group, post_l
 
 
 @pytest.mark.django_db
+def test_a_line_break_in_the_path_cannot_forge_an_access_line(client, caplog):
+    """The plain format writes the access line as text: a path holding a CR or LF (%0A) would
+    start a line of the caller's choosing. It is escaped as Django escapes its own lines."""
+    caplog.set_level(logging.INFO, logger="routing_project.access")
+    forged = "2026-01-01 00:00:00,000 ERROR forged.logger [-] all good"
+    assert client.get(f"/x%0D%0A{forged.replace(' ', '%20')}/").status_code == 404
+    (record,) = [r for r in caplog.records if r.name == "routing_project.access"]
+    plain = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s").format(record)
+    assert "\n" not in plain and "\r" not in plain, plain
+    assert "GET /x\\r\\n2026-01-01 00:00:00,000 ERROR forged.logger [-] all good/ 404 " in plain, plain
+    assert "\n" not in record.path and "\r" not in record.path
+
+
+@pytest.mark.django_db
 def test_metrics_and_health_are_not_access_logged(client, caplog):
     caplog.set_level(logging.INFO, logger="routing_project.access")
     assert client.get("/healthz").status_code == 200
