@@ -102,8 +102,9 @@ class DecimalField(serializers.DecimalField):
 
 
 class DecimalFieldSchema(OpenApiSerializerFieldExtension):
-    """`DecimalField` in the schema: a number, or text of at most its digits and places, within
-    its minimum and maximum, so that a request the schema allows is one the field takes."""
+    """`DecimalField` in the schema: in a request, a number, or text of at most its digits and
+    places, within its minimum and maximum, so that a request the schema allows is one the
+    field takes; in an answer, the number it is answered as."""
 
     target_class = DecimalField
 
@@ -115,6 +116,8 @@ class DecimalFieldSchema(OpenApiSerializerFieldExtension):
             number["minimum"] = float(field.min_value)
         if digits is not None and places is not None:
             number["maximum"] = float(Decimal(10) ** (digits - places) - Decimal(10) ** -places)
+        if direction == "response" and not field.coerce_to_string:
+            return number  # answered as a number, never as its text
         whole = f"{{1,{digits - places}}}" if digits is not None and places is not None else "+"
         fraction = rf"(\.\d{{1,{places}}})?" if places else ""
         text: dict[str, Any] = {"type": "string", "pattern": rf"^\d{whole}{fraction}$", "example": "0.5"}

@@ -91,3 +91,16 @@ def forbid_unknown_request_fields(result: dict[str, Any], generator: Any, reques
     if lead_patch is not None:
         lead_patch["minProperties"] = 1
     return result
+
+
+def require_answered_fields(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """An answer carries every field its serializer names, always (null when it has no
+    value): the response components say each is required, so that a client generated from
+    the schema types it as present. drf-spectacular leaves out the writable fields that have
+    a default (a group's strategy, a member's weight) and a page's next and previous links.
+    Request components are split from the responses' (COMPONENT_SPLIT_REQUEST)."""
+    for name, schema in result.get("components", {}).get("schemas", {}).items():
+        if name.endswith("Request") or schema.get("type") != "object" or "properties" not in schema:
+            continue
+        schema["required"] = sorted(set(schema.get("required", [])) | set(schema["properties"]))
+    return result

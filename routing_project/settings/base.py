@@ -333,6 +333,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "security.schema.document_common_errors",
         "security.schema.forbid_unknown_request_fields",
+        "security.schema.require_answered_fields",
     ],
 }
 
