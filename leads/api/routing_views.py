@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from leads.replay import ReplayError, routing_replay
 from leads.simulate import routing_simulate
-from rotation.models import Group
+from rotation.models import Group, Strategy
 
 from .serializers import LeadInSerializer, RepBriefSerializer, StrictSerializer
 from .views import COMMON_ERRORS, VALIDATION_ERROR
@@ -34,7 +34,7 @@ class SimulateSerializer(serializers.Serializer):
     rules_tried = serializers.ListField(child=serializers.CharField())
     group_source = serializers.CharField()
     group = serializers.CharField(allow_null=True)
-    strategy = serializers.CharField(allow_null=True)
+    strategy = serializers.ChoiceField(choices=Strategy.choices, allow_null=True)
     rep = RepBriefSerializer(allow_null=True)
     reason = serializers.CharField(allow_null=True, help_text="rotation or owner_match")
     queue_reason = serializers.CharField(allow_null=True)
@@ -98,8 +98,8 @@ class ReplayRepSerializer(serializers.Serializer):
 
 class ReplayGroupSerializer(serializers.Serializer):
     group = serializers.CharField(allow_null=True, help_text="null: the leads no group took.")
-    strategy = serializers.CharField(allow_null=True)
-    proposed_strategy = serializers.CharField(allow_null=True)
+    strategy = serializers.ChoiceField(choices=Strategy.choices, allow_null=True)
+    proposed_strategy = serializers.ChoiceField(choices=Strategy.choices, allow_null=True)
     actual_total = serializers.IntegerField()
     proposed_total = serializers.IntegerField()
     queued = ReplayCountsSerializer(help_text="Decisions that ended in the fallback queue.")

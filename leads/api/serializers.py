@@ -107,6 +107,18 @@ class RepBriefSerializer(serializers.Serializer):
     email = serializers.EmailField()
 
 
+@extend_schema_field(
+    {"type": "object", "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]}}
+)
+class StoredAttributesField(serializers.JSONField):
+    """A lead's attributes as stored: the flat object intake took in."""
+
+
+@extend_schema_field({"type": "object", "description": "Why, in the words of the part that decided."})
+class ExplanationField(serializers.JSONField):
+    """An audit event's explanation: always an object."""
+
+
 class LeadSerializer(serializers.ModelSerializer):
     group: serializers.SlugRelatedField = serializers.SlugRelatedField(
         slug_field="slug", read_only=True, allow_null=True
@@ -115,6 +127,7 @@ class LeadSerializer(serializers.ModelSerializer):
     queue_reason = serializers.SerializerMethodField()
     duplicate_of = serializers.SerializerMethodField()
     outcome = serializers.SerializerMethodField()
+    attributes = StoredAttributesField(read_only=True)
 
     class Meta:
         model = Lead
@@ -193,6 +206,7 @@ class AuditEventSerializer(serializers.ModelSerializer):
     lead = serializers.IntegerField(source="lead_id", allow_null=True)
     rep = serializers.IntegerField(source="rep_id", allow_null=True)
     group = serializers.SerializerMethodField()
+    explanation = ExplanationField(read_only=True)
 
     class Meta:
         model = AuditEvent

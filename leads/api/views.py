@@ -28,7 +28,7 @@ from audit.models import AuditEvent
 from leads import selectors, services
 from leads.models import ApiClient, Lead, LeadStatus
 from leads.routing import RoutingBusy
-from rotation.models import Group
+from rotation.models import Group, Strategy
 from routing_project import configcache
 from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
 from routing_project.filters import StrictFilterSet, UtcDateTimeFilter
@@ -291,7 +291,7 @@ class RotationMemberSerializer(serializers.Serializer):
 
 class RotationViewSerializer(serializers.Serializer):
     group = serializers.CharField()
-    strategy = serializers.CharField()
+    strategy = serializers.ChoiceField(choices=Strategy.choices)
     active = serializers.BooleanField()
     pointer = serializers.IntegerField()
     turns = serializers.IntegerField()

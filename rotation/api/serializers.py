@@ -3,9 +3,10 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from rotation.eligibility import validate_working_hours
+from rotation.eligibility import DAYS, validate_working_hours
 from rotation.models import Group, Membership, Rep
 from rotation.services import MAX_POSITION
 from routing_project.api import DecimalField, RejectUnknownFieldsMixin, ascii_email
@@ -53,8 +54,36 @@ class GroupUpdateSerializer(GroupSerializer):
         read_only_fields = ["slug"]
 
 
+_SPANS = {
+    "type": "array",
+    "items": {
+        "type": "array",
+        "items": {"type": "string", "pattern": "^(([01]?[0-9]|2[0-3]):[0-5][0-9]|24:00)$"},
+        "minItems": 2,
+        "maxItems": 2,
+    },
+    "description": '[start, end] pairs, "HH:MM" in the rep\'s timezone, each ending after it starts; '
+    '"24:00" is midnight at the end of the day.',
+}
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "nullable": True,
+        "properties": dict.fromkeys(DAYS, _SPANS),
+        "additionalProperties": False,
+        "minProperties": 1,
+        "description": "null: always available. Otherwise the hours of the days listed, "
+        'e.g. {"mon": [["09:00", "17:30"]]}; a day left out (or with no spans) is off.',
+    }
+)
+class WorkingHoursField(serializers.JSONField):
+    """A rep's weekly hours, as `validate_working_hours` takes them (null: always)."""
+
+
 class RepSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
-    working_hours = serializers.JSONField(required=False, allow_null=True)
+    working_hours = WorkingHoursField(required=False, allow_null=True)
 
     class Meta:
         model = Rep

@@ -329,6 +329,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # One name for the strategy wherever it appears (a group, the rotation view, simulate, replay).
+    "ENUM_NAME_OVERRIDES": {"StrategyEnum": "rotation.models.Strategy"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "security.schema.document_common_errors",

@@ -146,3 +146,37 @@ def test_a_decimal_is_documented_as_the_number_it_is_answered_as(schema):
         jsonschema.validate("1.5", sla)  # the request takes its text too, the answer never has it
     request = strict(components["GroupRequest"]["properties"]["sla_minutes"], components)
     jsonschema.validate("1.5", request)
+
+
+def test_the_values_the_server_builds_have_their_shapes_in_the_schema(schema):
+    components = schema["components"]["schemas"]
+    strategies = components["StrategyEnum"]["enum"]
+    assert strategies == ["round_robin", "weighted", "least_loaded"]
+    for name, field in [
+        ("RotationView", "strategy"),
+        ("Simulate", "strategy"),
+        ("ReplayGroup", "strategy"),
+        ("ReplayGroup", "proposed_strategy"),
+    ]:
+        documented = strict(components[name]["properties"][field], components)
+        for strategy in strategies:
+            jsonschema.validate(strategy, documented)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate("fastest", documented)
+    for name in ("Rep", "RepRequest", "PatchedRepRequest"):
+        hours = strict(components[name]["properties"]["working_hours"], components)
+        jsonschema.validate({"mon": [["09:00", "17:30"]], "sun": []}, hours)
+        jsonschema.validate(None, hours)
+        for wrong in (
+            [],
+            "always",
+            {},
+            {"mon": "09:00-17:30"},
+            {"mon": [["09:00"]]},
+            {"mon": [["9h", "10h"]]},
+            {"x": []},
+        ):
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(wrong, hours)
+    for name, field in [("Lead", "attributes"), ("AuditEvent", "explanation")]:
+        assert components[name]["properties"][field]["type"] == "object", (name, field)
