@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 
 from leads import services as lead_services
 from leads.api.serializers import LeadInSerializer
-from leads.models import Lead
+from leads.models import Lead, LeadStatus
 from leads.routing import RoutingBusy
 from routing_project.exceptions import ServiceUnavailable
 from security.ratelimit import rate_limit_count, rate_limit_hit
@@ -36,7 +36,7 @@ ACCEPTED = inline_serializer(
     "HookAccepted",
     fields={
         "id": serializers.IntegerField(),
-        "status": serializers.CharField(),
+        "status": serializers.ChoiceField(choices=LeadStatus.choices),
         "group": serializers.CharField(allow_null=True),
         "queue_reason": serializers.CharField(allow_null=True),
         "duplicate_of": serializers.IntegerField(allow_null=True),

@@ -178,5 +178,6 @@ def test_the_values_the_server_builds_have_their_shapes_in_the_schema(schema):
         ):
             with pytest.raises(jsonschema.ValidationError):
                 jsonschema.validate(wrong, hours)
+    assert components["HookAccepted"]["properties"]["status"] == {"$ref": "#/components/schemas/StatusEnum"}
     for name, field in [("Lead", "attributes"), ("AuditEvent", "explanation")]:
         assert components[name]["properties"][field]["type"] == "object", (name, field)
