@@ -236,10 +236,13 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         responses={200: LeadSerializer(many=True), 400: VALIDATION_ERROR, **COMMON_ERRORS},
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """The leads, newest first, paginated: filter by `status`, `group` (slug), `owner` (rep
+        id) and `created_after`."""
         return super().list(request, *args, **kwargs)
 
     @extend_schema(responses={200: LeadSerializer, 404: ERROR, **COMMON_ERRORS})
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """One lead: its status, group, owner, times, escalations and contact fields."""
         return super().retrieve(request, *args, **kwargs)
 
     @extend_schema(responses={200: AuditEventSerializer(many=True), 404: ERROR, **COMMON_ERRORS}, filters=False)

@@ -181,3 +181,13 @@ def test_the_values_the_server_builds_have_their_shapes_in_the_schema(schema):
     assert components["HookAccepted"]["properties"]["status"] == {"$ref": "#/components/schemas/StatusEnum"}
     for name, field in [("Lead", "attributes"), ("AuditEvent", "explanation")]:
         assert components[name]["properties"][field]["type"] == "object", (name, field)
+
+
+def test_each_lead_read_says_what_it_answers(schema):
+    """The docs show an operation's description: the list and the single lead had the
+    docstring of the class that adds the lead actions ("Adds the action endpoints...")."""
+    listed = schema["paths"]["/api/v1/leads/"]["get"]["description"]
+    assert "newest first" in listed and "created_after" in listed
+    assert schema["paths"]["/api/v1/leads/{id}/"]["get"]["description"].startswith("One lead")
+    descriptions = [op.get("description", "") for item in schema["paths"].values() for op in item.values()]
+    assert not [d for d in descriptions if "viewset" in d.lower()]
