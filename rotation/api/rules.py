@@ -15,23 +15,50 @@ from rest_framework.response import Response
 
 from rotation import services
 from rotation.models import Absence, Group, Rep, RoutingRule
-from rotation.rules import RuleError, validate_conditions
+from rotation.rules import LEAD_FIELDS, MAX_ATTRIBUTE_KEY, MAX_CONDITIONS, OPERATORS, RuleError, validate_conditions
 from routing_project.api import RejectUnknownFieldsMixin
 
 from .views import ERRORS, actor_of
 
+# A condition by its operator: the value each takes (what validate_conditions accepts), so
+# that a rule the schema allows is one the server saves, and the docs say how to write one.
+_FIELD = {
+    "type": "string",
+    "pattern": rf"^({'|'.join(LEAD_FIELDS)}|attributes\.[^\x00]{{1,{MAX_ATTRIBUTE_KEY}}})$",
+    "description": f"{', '.join(LEAD_FIELDS)} or attributes.<key>",
+}
+_NUMBER = {"type": "number"}
+# An empty string never matches (an empty field is an absent one): refused.
+_SCALAR = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "number"}, {"type": "boolean"}]}
+_VALUES_BY_OPERATOR: list[tuple[list[str], dict[str, Any] | None]] = [
+    (["equals"], _SCALAR),
+    (["in", "not_in"], {"type": "array", "minItems": 1, "items": _SCALAR}),
+    (["contains"], {"type": "string", "minLength": 1}),
+    (["gte", "lte"], _NUMBER),
+    (["exists"], None),  # true (the default) or false
+]
+assert sorted(op for ops, _ in _VALUES_BY_OPERATOR for op in ops) == sorted(OPERATORS)
+
+
+def _condition(ops: list[str], value: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "field": _FIELD,
+            "op": {"type": "string", "enum": ops},
+            "value": value if value is not None else {"type": "boolean", "default": True},
+        },
+        "required": ["field", "op"] if value is None else ["field", "op", "value"],
+        "additionalProperties": False,
+    }
+
+
 CONDITIONS_SCHEMA = {
     "type": "array",
     "minItems": 1,
-    "items": {
-        "type": "object",
-        "properties": {
-            "field": {"type": "string", "description": "a lead field or attributes.<key>"},
-            "op": {"type": "string", "enum": ["equals", "in", "not_in", "contains", "gte", "lte", "exists"]},
-            "value": {},
-        },
-        "required": ["field", "op"],
-    },
+    "maxItems": MAX_CONDITIONS,
+    "items": {"oneOf": [_condition(ops, value) for ops, value in _VALUES_BY_OPERATOR]},
+    "description": "All must hold.",
 }
 
 

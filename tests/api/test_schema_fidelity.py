@@ -191,3 +191,42 @@ def test_each_lead_read_says_what_it_answers(schema):
     assert schema["paths"]["/api/v1/leads/{id}/"]["get"]["description"].startswith("One lead")
     descriptions = [op.get("description", "") for item in schema["paths"].values() for op in item.values()]
     assert not [d for d in descriptions if "viewset" in d.lower()]
+
+
+@pytest.mark.parametrize("component", ["Rule", "RuleRequest", "PatchedRuleRequest"])
+def test_a_condition_the_schema_allows_is_one_the_server_saves(api, make_group, schema, component):
+    """A rule's condition is documented by its operator: the value each takes, the fields a
+    condition names, and no other key (the server refuses anything else with a 400)."""
+    make_group(1, slug="emea")
+    components = schema["components"]["schemas"]
+    conditions = strict(components[component]["properties"]["conditions"], components)
+    saved = [
+        {"field": "country", "op": "in", "value": ["FR", "BE"]},
+        {"field": "score", "op": "gte", "value": 50},
+        {"field": "attributes.plan", "op": "equals", "value": "pro"},
+        {"field": "email_domain", "op": "contains", "value": "acme"},
+        {"field": "attributes.trial", "op": "exists", "value": False},
+        {"field": "region", "op": "not_in", "value": ["north"]},
+        {"field": "company_size", "op": "lte", "value": 10.5},
+    ]
+    jsonschema.validate(saved, conditions)
+    jsonschema.validate([{"field": "product", "op": "exists"}], conditions)
+    refused = [
+        {"field": "country", "op": "in", "value": "FR"},
+        {"field": "score", "op": "gte", "value": "50"},
+        {"field": "email", "op": "equals", "value": "a@b.example"},
+        {"field": "attributes.", "op": "exists"},
+        {"field": "country", "op": "equals", "value": "FR", "note": "x"},
+        {"field": "region", "op": "contains", "value": ""},
+        {"field": "region", "op": "equals"},
+        {"field": "region", "op": "exists", "value": "yes"},
+        {"field": "region", "op": "in", "value": ["north", ""]},
+    ]
+    for condition in refused:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate([condition], conditions)
+        r = api.post("/api/v1/rules/", {"name": "r", "conditions": [condition], "group": "emea"}, format="json")
+        assert r.status_code == 400, condition
+    r = api.post("/api/v1/rules/", {"name": "all", "conditions": saved, "group": "emea"}, format="json")
+    assert r.status_code == 201, r.json()
+    jsonschema.validate(r.json()["conditions"], conditions)
