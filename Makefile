@@ -4,7 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export VENV
 
-.PHONY: run test install install-dev lint types test-pg test-embedded compose-check bench clean
+.PHONY: help run test install install-dev lint types test-pg test-embedded compose-check bench clean
+# `make` alone lists the targets below that have a `##` line, the two commands first.
+.DEFAULT_GOAL := help
+
+help:
+	@awk '/^## / { doc = doc (doc ? " " : "") substr($$0, 4); next } \
+	      /^[a-z][a-z-]*:/ && doc { split($$0, t, ":"); printf "make %-6s %s\n", t[1], doc } { doc = "" }' $(firstword $(MAKEFILE_LIST))
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +31,8 @@ install-dev: $(VENV)/.installed-dev
 run: install
 	scripts/run.sh
 
-## The whole suite: lint, types, tests on PostgreSQL and Redis, then every test but the
-## browser ones again on the embedded default (SQLite).
+## The whole suite: lint, types, tests on PostgreSQL and Redis, then again on the embedded
+## default (SQLite), but the browser tests and those that need PostgreSQL itself.
 test: install-dev
 	scripts/services.sh
 	scripts/chromium.sh
