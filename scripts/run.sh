@@ -22,21 +22,38 @@ rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 "$VENV/bin/python" manage.py seed_demo --base-url "http://$HOST:$PORT" ${ADMIN_PASSWORD:+--admin-password "$ADMIN_PASSWORD"}
 
 pids=()
+# keep_running's: TERM to the command, KILL to its process group if it is still there after 10 s.
+stop_child() {
+    local watchdog
+    set -m
+    (set +m; sleep 10 && kill -KILL -- "-$child") >/dev/null 2>&1 &
+    watchdog=$!
+    set +m
+    kill -TERM "$child" 2>/dev/null || true
+    wait "$child" 2>/dev/null || true  # its status is the signal's (errexit)
+    kill -KILL -- "-$child" "-$watchdog" 2>/dev/null || true
+}
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
 # Runs a command in the background, and again whenever it stops on its own (a worker killed
 # mid-escalation, out of memory): the web keeps taking leads meanwhile, and the restarted
 # worker and the sweep catch up without a hand. Its log ($1) is appended to. Stopping this
-# loop (cleanup) stops the command.
+# loop (cleanup) stops the command: one TERM, and what is left of it 10 s later is killed.
+# The command runs in a process group of its own (set -m), out of reach of a signal sent to
+# make run's group (Ctrl-C, `kill -- -PGID`, a service manager): given straight to a worker's
+# pool processes, it killed them holding the pool's queue lock and the worker hung in its
+# shutdown; and Celery, signalled again while its first handler ran, deadlocked in it (beat).
 keep_running() {
     local log=$1 child='' status
     shift
     : >"$log"
-    trap 'kill $child 2>/dev/null; wait $child 2>/dev/null; exit 0' TERM INT
+    trap 'trap "" TERM INT; stop_child; exit 0' TERM INT
     while true; do
+        set -m
         "$@" >>"$log" 2>&1 &
         child=$!
+        set +m
         status=0
         wait "$child" || status=$?
         echo "$log: the process stopped (exit status $status); starting it again." >&2

@@ -1,8 +1,12 @@
 """docker-compose.yml (the production shape) and scripts/run.sh, as their logs come out."""
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -123,3 +127,92 @@ def test_make_run_starts_a_worker_again_when_it_is_killed(tmp_path):
     for pid in (tmp_path / "celery.pids").read_text().split():
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)
+
+
+# A Celery process with one pool process, as `celery worker` forks them: the pool process is
+# stopped by its parent and ignores SIGINT (billiard's do); any other signal that reaches it
+# comes from outside, and it says so, as the main process says of each signal it gets.
+_CELERY_STUB = """#!{python}
+import os, signal, sys, time
+out = open({log!r}, "a", buffering=1)
+kid = os.fork()
+if kid == 0:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, lambda *_: os._exit(0))
+    signal.signal(signal.SIGTERM, lambda n, f: (out.write(f"pool {{os.getpid()}} got {{n}}\\n"), os._exit(1)))
+    while True:
+        time.sleep(0.1)
+out.write(f"started {{os.getpid()}} {{kid}}\\n")
+
+
+def stop(n, f):
+    out.write(f"main {{os.getpid()}} got {{n}}\\n")
+    time.sleep(0.5)  # a warm shutdown takes a moment
+    os.kill(kid, signal.SIGUSR1)
+    os.waitpid(kid, 0)
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+while True:
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_make_run_stopped_as_a_whole_leaves_celery_to_stop_its_own_pool(tmp_path, signum):
+    # Ctrl-C, `kill -- -PGID` or a service manager signal every process of make run's group.
+    # The worker's pool processes got that TERM straight away and died holding the pool's queue
+    # lock, and the worker hung in its shutdown for good; beat, given a second signal by run.sh
+    # while its first handler ran, deadlocked in it. Each Celery process is to get one signal,
+    # from run.sh, and stop its pool itself; nothing is left running.
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(COMPOSE.parent / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "celery.log"
+    (bin_dir / "python").write_text("#!/bin/sh\n")
+    (bin_dir / "celery").write_text(_CELERY_STUB.format(python=sys.executable, log=str(log)))
+    (bin_dir / "gunicorn").write_text("#!/bin/sh\nexec sleep 60\n")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT")}
+    run = subprocess.Popen(
+        ["bash", str(tmp_path / "scripts" / "run.sh")],
+        cwd=tmp_path,
+        env={**base, "VENV": ".venv", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            started = (
+                [line.split() for line in log.read_text().splitlines() if line.startswith("started")]
+                if log.exists()
+                else []
+            )
+            if len(started) == 3:
+                break
+            time.sleep(0.1)
+        assert len(started) == 3, started
+        pids = [int(pid) for line in started for pid in line[1:]]
+        os.killpg(run.pid, signum)
+        run.wait(timeout=30)
+        lines = log.read_text().splitlines()
+        assert not [line for line in lines if line.startswith("pool")], lines
+        for main, _pool in (line[1:] for line in started):
+            assert sum(line.startswith(f"main {main} got") for line in lines) == 1, lines
+        time.sleep(0.5)
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
