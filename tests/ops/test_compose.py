@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -216,3 +217,22 @@ def test_make_run_stopped_as_a_whole_leaves_celery_to_stop_its_own_pool(tmp_path
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)
+
+
+def _interpolated(value: str, env: dict[str, str]) -> str:
+    """docker compose's `${NAME:-default}` and `${NAME}`, for the forms docker-compose.yml uses."""
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: env.get(m.group(1)) or (m.group(2) or ""), value)
+
+
+@pytest.mark.parametrize("operator_hosts", [None, "leads.example.com", "leads.example.com,admin.example.com"])
+def test_compose_web_healthcheck_names_an_allowed_host(operator_hosts):
+    # The web container's healthcheck asks http://127.0.0.1:8000/healthz from inside it. An
+    # operator who set ALLOWED_HOSTS to the site's name (as one should) made Django answer that
+    # probe 400, and the container was reported unhealthy while it served every lead.
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    env = {"ALLOWED_HOSTS": operator_hosts} if operator_hosts else {}
+    allowed = _interpolated(services["web"]["environment"]["ALLOWED_HOSTS"], env).split(",")
+    (url,) = re.findall(r"https?://[^'\"]+", " ".join(services["web"]["healthcheck"]["test"]))
+    assert validate_host(split_domain_port(urlsplit(url).netloc)[0], allowed), (url, allowed)
+    if operator_hosts:
+        assert set(operator_hosts.split(",")) <= set(allowed)  # the operator's hosts are kept
