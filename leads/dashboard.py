@@ -210,11 +210,13 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
         .values("started_at")[:1]
     )
     closed = Lead.objects.filter(pk=OuterRef("lead_id"), closed_at__gte=OuterRef("at")).values("closed_at")[:1]
+    # The episodes of every group, the panels' or not (and of no group): a lead that a reroute
+    # moved from a panel's group into another group's queue, or into the queue with no group,
+    # left the first group's queue where its next episode began.
     episodes = (
         AuditEvent.objects.filter(
             type__in=[AuditEvent.Type.LEAD_QUEUED, AuditEvent.Type.LEAD_ESCALATED, AuditEvent.Type.LEAD_REROUTED],
             rep_id__isnull=True,
-            group__in=list(panels),
             at__lt=until,
         )
         # A lead still in the queue is looked for however long ago it entered it (else one
@@ -242,7 +244,7 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
             slug, left = lead_episodes[entered]
             if n + 1 < len(starts) and (left is None or left > starts[n + 1]):
                 left = starts[n + 1]
-            if left is not None and left <= since:
+            if slug not in panels or (left is not None and left <= since):
                 continue
             counts = depth[slug]
             for i, t in enumerate(ticks):

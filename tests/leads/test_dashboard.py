@@ -256,3 +256,37 @@ def test_queued_leads_that_no_group_holds_are_counted_above_the_panels(admin_cli
     assert queue.status_code == 200 and queue.context["cl"].result_count == 2
     # A page filtered to one group is that group's alone.
     assert "queued-without-group" not in admin_client.get("/admin/dashboard/?group=emea").content.decode()
+
+
+def test_a_queued_lead_moved_to_another_groups_queue_or_to_none_leaves_the_first_groups_queue(
+    api, make_group, post_lead
+):
+    """A lead queued in one group and rerouted into another group's queue (or into the queue
+    with no group) left the first one: its panel, on its own page too, counted it as queued
+    there until it was assigned or closed, beside the queue of the group that now holds it."""
+    from rotation.models import RoutingRule
+
+    first, _ = make_group(0, slug="first")
+    second, _ = make_group(0, slug="second")
+    to_first = RoutingRule.objects.create(
+        name="First", priority=1, group=first, conditions=[{"field": "source", "op": "equals", "value": "first"}]
+    )
+    moved = post_lead(source="move", group="first").json()["id"]
+    lost = post_lead(source="first").json()["id"]  # no default group: only the rule holds it
+    assert Lead.objects.filter(group=first, status="queued").count() == 2
+    RoutingRule.objects.create(
+        name="Second", priority=1, group=second, conditions=[{"field": "source", "op": "equals", "value": "move"}]
+    )
+    to_first.delete()
+    for lead_id in (moved, lost):
+        assert api.post(f"/api/v1/leads/{lead_id}/reroute/", {}, format="json").status_code == 200
+    assert Lead.objects.get(pk=moved).group == second and Lead.objects.get(pk=lost).group is None
+
+    now = timezone.now()
+    since, until = now - timedelta(days=1), now + timedelta(minutes=1)
+    panels = {p.slug: p for p in dashboard_view(since=since, until=until)}
+    assert (panels["first"].queue_now, panels["second"].queue_now) == (0, 1)
+    assert panels["first"].queue_points[-1][1] == 0 and panels["first"].queue_max == 2
+    for slug, queued in (("first", 0), ("second", 1)):  # a page of one group says the same
+        (panel,) = dashboard_view(since=since, until=until, group_slug=slug)
+        assert panel.queue_now == queued and panel.queue_points[-1][1] == queued
