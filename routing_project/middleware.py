@@ -3,17 +3,19 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from django.conf import settings
 from django.db import DataError, OperationalError
 from django.http import (
+    FileResponse,
     HttpRequest,
     HttpResponse,
     HttpResponseBadRequest,
     HttpResponsePermanentRedirect,
     HttpResponseRedirect,
     JsonResponse,
+    StreamingHttpResponse,
 )
 from django.urls import is_valid_path
 
@@ -96,7 +98,29 @@ class RequestIdMiddleware:
         finally:
             request_id_var.reset(token)
         response["X-Request-ID"] = request_id
+        if (
+            isinstance(response, StreamingHttpResponse)
+            and not response.is_async
+            and not isinstance(response, FileResponse)
+        ):
+            # A streamed page goes on working after this returns (the admin's lead import
+            # routes its batches as its page is sent): its log lines are the request's too.
+            response.streaming_content = _with_request_id(response.streaming_content, request_id)
         return response
+
+
+def _with_request_id(content: Iterable[bytes], request_id: str) -> Iterator[bytes]:
+    """Each part of a streamed response made with the request's id in force."""
+    parts = iter(content)
+    while True:
+        token = request_id_var.set(request_id)
+        try:
+            part = next(parts)
+        except StopIteration:
+            return
+        finally:
+            request_id_var.reset(token)
+        yield part
 
 
 class NoStoreMiddleware:

@@ -290,3 +290,30 @@ def test_a_queued_lead_moved_to_another_groups_queue_or_to_none_leaves_the_first
     for slug, queued in (("first", 0), ("second", 1)):  # a page of one group says the same
         (panel,) = dashboard_view(since=since, until=until, group_slug=slug)
         assert panel.queue_now == queued and panel.queue_points[-1][1] == queued
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_lines_an_upload_logs_while_its_page_streams_carry_the_requests_id(
+    admin_client, make_group, settings, caplog
+):
+    """The upload goes on after the view has answered (its page is streamed, batch by batch):
+    what it logged meanwhile (a batch retried, the import stopped) had "-" for a request id,
+    so the operator could not tell which upload, and whose, the error was."""
+    from leads.bulk import BATCH_SIZE
+    from routing_project.logging import RequestIdFilter
+    from tests.leads.test_bulk_import import rotation_row_held
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 100
+    settings.ROUTING_MAX_RETRIES = 0
+    group, _ = make_group(2, slug="emea")
+    caplog.handler.addFilter(RequestIdFilter())  # as the console handler does, at emit time
+    body = "external_id,email,group\n" + "".join(f"s-{i},s{i}@customer.example,emea\n" for i in range(BATCH_SIZE + 10))
+    upload = SimpleUploadedFile("leads.csv", body.encode())
+    response = admin_client.post("/admin/lead-import/", {"file": upload}, headers={"X-Request-ID": "up-7"})
+    assert response.status_code == 200 and response.streaming and response["X-Request-ID"] == "up-7"
+    with rotation_row_held(group):  # the second batch waits past the lock timeout: the import stops
+        page = b"".join(response.streaming_content).decode()
+    assert f"The import stopped (OperationalError) after {BATCH_SIZE} rows" in page
+    (stopped,) = [r for r in caplog.records if r.getMessage() == "lead import stopped"]
+    assert stopped.request_id == "up-7"
