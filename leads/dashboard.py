@@ -272,7 +272,10 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
 def share_chart(panel: GroupPanel, *, width: int = 520, bar: int = 10) -> dict[str, Any]:
     """Paired horizontal bars per rep: actual share of assignments vs. weight share."""
     label_w, gap = 150, 8
-    plot_w = width - label_w - 60
+    # Right of the longer bar, its figures: room for the widest, "100.0% / 100.0%" (about 95 px
+    # at 11 px), so that a full share is not cut off at the chart's edge.
+    figures_w = 110
+    plot_w = width - label_w - figures_w
     rows = []
     for i, r in enumerate(panel.reps):
         y = 10 + i * (2 * bar + gap)

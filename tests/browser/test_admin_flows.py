@@ -187,6 +187,24 @@ def test_the_dashboard_renders_its_charts(page: Page, live: str):
     page.screenshot(path=os.path.join(SCREENSHOTS, "dashboard.png"), full_page=True)
 
 
+def test_the_share_charts_figures_fit_in_the_chart_at_a_full_share(page: Page, live: str):
+    """A rep with all the group's leads (a group of one, or the only one available): its
+    "100.0% / 100.0%" was written past the chart's right edge and cut off after "100.0% / 1"."""
+    group = GroupFactory(slug="solo", name="Solo")
+    services.membership_add(group=group, rep=RepFactory(name="Only Rep"), actor="test")
+    _, token = api_client_create(name="form", scopes=["intake"])
+    post_lead(live, token, {"email": "solo@prospect.example", "group": "solo"})
+
+    superuser()
+    log_in(page, live, "root")
+    page.goto(f"{live}/admin/dashboard/?group=solo")
+    chart = page.locator("#group-solo .share-chart svg")
+    label = chart.locator("text", has_text="100.0% / 100.0%")
+    expect(label).to_have_count(1)
+    right = label.evaluate("t => t.getBBox().x + t.getBBox().width")
+    assert right <= float(chart.get_attribute("width") or 0)
+
+
 def test_a_csv_upload_imports_routes_and_lists_bad_lines(page: Page, live: str, tmp_path):
     group = GroupFactory(slug="dach", name="DACH")
     for name in ("Jonas Weber", "Klara Huber"):
