@@ -125,6 +125,22 @@ def lock_rotations_read(
     return states, rows
 
 
+def rotations_busy(group_ids: Iterable[int]) -> set[int]:
+    """The groups among `group_ids` whose rotation (or group) row another transaction holds
+    right now, found without waiting (SKIP LOCKED) in a transaction of its own."""
+    ids = sorted(set(group_ids))
+    if not ids or connection.vendor != "postgresql":
+        return set(ids)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT r.group_id FROM rotation_rotationstate r JOIN rotation_group g ON g.id = r.group_id "
+            "WHERE r.group_id = ANY(%s) FOR NO KEY UPDATE OF r, g SKIP LOCKED",
+            [ids],
+        )
+        free = {row[0] for row in cursor.fetchall()}
+    return set(ids) - free
+
+
 def day_start(now: datetime, tz: str) -> datetime:
     local = now.astimezone(ZoneInfo(tz))
     # fold=0: in the second pass of an hour repeated after midnight (clocks going back from

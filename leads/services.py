@@ -336,10 +336,12 @@ def _combiner() -> batching.Combiner[IntakeJob]:
     return _combiner_instance
 
 
-def _intake_batch(jobs: list[IntakeJob]) -> None:
+def _intake_batch(jobs: list[IntakeJob], *, again_if_busy: bool = True) -> None:
     """Runs a batch (leads/batching.py): one transaction for all when there are several; each
     job gets its result or its error. If the shared transaction fails for another reason than
-    a busy rotation, each lead is routed again on its own, so one bad lead fails alone."""
+    a busy rotation, each lead is routed again on its own, so one bad lead fails alone. If a
+    rotation stays busy past the lock timeout, only the leads of the groups still busy get
+    503: the others are routed again (once) without them."""
     if len(jobs) == 1:
         _intake_one_recorded(jobs[0])
         if not isinstance(jobs[0].error, configcache.StaleConfiguration):
@@ -353,9 +355,14 @@ def _intake_batch(jobs: list[IntakeJob]) -> None:
         except Exception as exc:
             if routing.is_lock_timeout(exc):
                 metrics.intake_batch(len(jobs))
+                busy = routing.rotations_busy(_group_ids(jobs)) if again_if_busy else set()
+                rest = [job for job in jobs if busy and _group_id(job) not in busy]
                 for job in jobs:
-                    metrics.routing_busy(group=job.resolution.group.slug if job.resolution.group else None)
-                    job.error = routing.RoutingBusy()
+                    if not any(job is other for other in rest):
+                        metrics.routing_busy(group=job.resolution.group.slug if job.resolution.group else None)
+                        job.error = routing.RoutingBusy()
+                if rest:
+                    _intake_batch(rest, again_if_busy=False)
                 return
             if routing.is_retryable(exc) and attempt + 1 < attempts:
                 logger.warning("routing batch retried after %s", routing.sqlstate(exc))
@@ -376,6 +383,14 @@ def _intake_batch(jobs: list[IntakeJob]) -> None:
             return
     for job in jobs:
         _intake_one_recorded(job)
+
+
+def _group_id(job: IntakeJob) -> int | None:
+    return job.resolution.group.id if job.resolution.group is not None else None
+
+
+def _group_ids(jobs: list[IntakeJob]) -> list[int]:
+    return [gid for gid in map(_group_id, jobs) if gid is not None]
 
 
 def _intake_one_recorded(job: IntakeJob) -> None:

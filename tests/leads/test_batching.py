@@ -255,3 +255,66 @@ def test_a_group_without_a_rotation_row_gets_one_under_the_lock_alone_or_in_a_ba
     assert [r.lead.owner_id for r in results] == [fresh_reps[0].id, other_reps[0].id, fresh_reps[1].id]
     turns = dict(RotationState.objects.values_list("group_id", "turns"))
     assert (turns[lone.id], turns[fresh.id], turns[other.id]) == (1, 2, 1)
+
+
+def test_a_busy_rotation_refuses_only_its_own_leads_in_a_batch(make_group, settings, monkeypatch):
+    """A batch holding leads of a group whose rotation row stays locked and of a free group:
+    the busy group's leads get 503 and nothing of them is written; the free group's leads are
+    routed, not refused for another group's lock."""
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    busy, _ = make_group(2, slug="busy")
+    make_group(2, slug="free")
+    _client, token = api_client_with(["intake"])
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                RotationState.objects.select_for_update().get(group=busy)
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+    # Hold the combiner busy so that the next requests queue up and form one batch.
+    gate, entered = threading.Event(), threading.Event()
+    real_batch = services._intake_batch
+    sizes: list[int] = []
+
+    def slow_batch(jobs):
+        sizes.append(len(jobs))
+        if not entered.is_set():
+            entered.set()
+            gate.wait(10)
+        real_batch(jobs)
+
+    monkeypatch.setattr(
+        services, "_combiner_instance", batching.Combiner(slow_batch, max_batch=32, key=lambda j: j.email_normalized)
+    )
+
+    def worker(i: int):
+        if i > 0:
+            entered.wait(10)
+        if i == 6:
+            threading.Timer(0.5, gate.set).start()
+        group = "free" if i == 0 or i % 2 else "busy"
+        r = post(http_client(token), {"email": f"b{i}@batch.example", "group": group})
+        return group, r.status_code, r.get("Retry-After")
+
+    try:
+        outcomes = run_threads(7, worker)
+    finally:
+        gate.set()
+        release.set()
+        holder.join(10)
+        connections.close_all()
+    assert max(sizes) > 1  # the busy and the free group's leads did share a batch
+    assert sorted(o for o in outcomes if o[0] == "busy") == [("busy", 503, "1")] * 3
+    assert [o[1] for o in outcomes if o[0] == "free"] == [201] * 4
+    assert not Lead.objects.filter(group=busy).exists()
+    assert Lead.objects.filter(group__slug="free").count() == 4
+    assert AuditEvent.objects.filter(type="lead.assigned").count() == 4
+    assert RotationState.objects.get(group=busy).turns == 0
