@@ -231,6 +231,9 @@ class IntakeJob(batching.Waiter):
     # True once the transaction found it current.
     config_version: int | None = None
     config_checked: bool = False
+    # When the request stops waiting for locks (time.perf_counter()): one lock timeout after
+    # it came, however long it was queued behind other batches (`_lock_timeout_ms`).
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         batching.Waiter.__init__(self)
@@ -269,6 +272,7 @@ def lead_intake(
         idempotency=idempotency,
         render=render,
         config_version=configcache.unconfirmed_version(),
+        deadline=started + settings.ROUTING_LOCK_TIMEOUT_MS / 1000,
     )
     try:
         # A caller's own transaction must hold its lead: batches run in the leader's connection.
@@ -568,6 +572,23 @@ def _dedup_window(job: IntakeJob) -> int:
     return job.resolution.group.dedup_days if job.resolution.group else 30
 
 
+# Whatever is left of a request's lock timeout, a batch still waits this long for a lock: a
+# rotation row held briefly by another batch at work is waited for, not refused.
+LOCK_WAIT_FLOOR_MS = 100
+
+
+def _lock_timeout_ms(jobs: list[IntakeJob]) -> int:
+    """The lock timeout of a routing transaction: what is left of the youngest request's (a
+    request queued behind a batch that waited for a busy rotation has been waiting all that
+    time, and PostgreSQL would count its timeout again from zero), at least the floor."""
+    full = settings.ROUTING_LOCK_TIMEOUT_MS
+    deadlines = [job.deadline for job in jobs if job.deadline is not None]
+    if len(deadlines) < len(jobs):
+        return full
+    left = int((max(deadlines) - time.perf_counter()) * 1000)
+    return max(min(full, LOCK_WAIT_FLOOR_MS), min(full, left))
+
+
 def _intake_locked(
     job: IntakeJob, render: Callable[[Lead, int | None], bytes] | None, idempotency: IdempotencyRecord | None
 ) -> IntakeResult:
@@ -577,7 +598,7 @@ def _intake_locked(
     # Dedup: under the email's lock, so two concurrent posts of one address cannot both pass.
     if postgres:  # the lock timeout, the email's lock and the configuration version in one statement
         version = routing_sql.intake_begin(
-            email_normalized=job.email_normalized, lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
+            email_normalized=job.email_normalized, lock_timeout_ms=_lock_timeout_ms([job])
         )
         if _stale([job], version):
             raise configcache.StaleConfiguration()
@@ -666,7 +687,7 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult | None]:
     written in one statement (plus one for the answers of Idempotency-Key requests)."""
     now = timezone.now()
     version = routing_sql.intake_begin_many(
-        emails=sorted(job.email_normalized for job in jobs), lock_timeout_ms=settings.ROUTING_LOCK_TIMEOUT_MS
+        emails=sorted(job.email_normalized for job in jobs), lock_timeout_ms=_lock_timeout_ms(jobs)
     )
     stale = _stale(jobs, version)
     if not stale:

@@ -2,6 +2,7 @@
 share one routing transaction, and everything recorded is what one-by-one routing gives."""
 
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -318,3 +319,44 @@ def test_a_busy_rotation_refuses_only_its_own_leads_in_a_batch(make_group, setti
     assert Lead.objects.filter(group__slug="free").count() == 4
     assert AuditEvent.objects.filter(type="lead.assigned").count() == 4
     assert RotationState.objects.get(group=busy).turns == 0
+
+
+def test_a_request_waiting_behind_a_busy_batch_is_answered_within_its_lock_timeout(make_group, settings):
+    """Requests queued in the process behind a batch that waits for a locked rotation row
+    have been waiting all along: their own batch waits only what is left of their lock
+    timeout, so each gets its 503 about one lock timeout after it came, not one more whole
+    timeout per batch ahead of it."""
+    settings.ROUTING_LOCK_TIMEOUT_MS = 1000
+    busy, _ = make_group(2, slug="busy")
+    _client, token = api_client_with(["intake"])
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                RotationState.objects.select_for_update().get(group=busy)
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+
+    def worker(i: int):
+        if i > 0:
+            time.sleep(0.2)  # while the first request's batch waits for the row
+        started = time.monotonic()
+        r = post(http_client(token), {"email": f"w{i}@batch.example", "group": "busy"})
+        return r.status_code, time.monotonic() - started
+
+    try:
+        outcomes = run_threads(4, worker)
+    finally:
+        release.set()
+        holder.join(10)
+        connections.close_all()
+    assert [status for status, _ in outcomes] == [503] * 4
+    assert max(elapsed for _, elapsed in outcomes) < 1.5, outcomes  # not 1.8 s: 0.2 s early + 1 s + 1 s
+    assert not Lead.objects.exists()
