@@ -29,6 +29,7 @@ from .models import OPEN_STATUSES, Assignment, Lead
 logger = logging.getLogger(__name__)
 
 LOCK_NOT_AVAILABLE = "55P03"
+QUERY_CANCELED = "57014"  # statement_timeout: intake bounds its whole wait for a row so (routing_sql)
 RETRYABLE = {"40P01", "40001"}  # deadlock detected, serialization failure
 
 
@@ -46,7 +47,7 @@ def is_lock_timeout(exc: BaseException) -> bool:
         return False
     if connection.vendor == "sqlite":
         return "locked" in str(exc)
-    return sqlstate(exc) == LOCK_NOT_AVAILABLE
+    return sqlstate(exc) in (LOCK_NOT_AVAILABLE, QUERY_CANCELED)
 
 
 def is_retryable(exc: BaseException) -> bool:

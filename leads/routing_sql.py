@@ -336,18 +336,21 @@ def lead_insert_with(
 
 
 def intake_begin(*, email_normalized: str, lock_timeout_ms: int) -> int | None:
-    """The routing transaction's first statement: its lock timeout (SET LOCAL) and the email's
+    """The routing transaction's first statement: its lock timeout (SET LOCAL), the same bound
+    on each later statement (PostgreSQL counts lock_timeout per lock: a request queued behind
+    another waiter for a row waits for its place, then again for the holder), and the email's
     advisory lock, which serializes intake of one address so two concurrent posts cannot both
     miss dedup. The dedup check must be a later statement: its snapshot has to follow the lock.
     Returns the configuration version (routing_project/configcache.py), before any write."""
     with server_bound_cursor() as cursor:
         cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock(hashtextextended(%s, 0)), "
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
+            "pg_advisory_xact_lock(hashtextextended(%s, 0)), "
             "(SELECT version FROM rotation_configversion WHERE id = 1)",
-            [f"{lock_timeout_ms}ms", email_normalized],
+            [f"{lock_timeout_ms}ms", f"{lock_timeout_ms}ms", email_normalized],
         )
         row = cursor.fetchone()
-    return None if row is None or row[2] is None else int(row[2])
+    return None if row is None or row[3] is None else int(row[3])
 
 
 # --- batches: several intakes in one transaction (leads/batching.py) ---------------------------
@@ -362,14 +365,14 @@ def intake_begin_many(*, emails: list[str], lock_timeout_ms: int) -> int | None:
     with server_bound_cursor() as cursor:
         # One statement: the target list runs in order, so the timeout is set before any wait.
         cursor.execute(
-            "SELECT set_config('lock_timeout', %s, true), "
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true), "
             "(SELECT count(pg_advisory_xact_lock(k)) FROM "
             "(SELECT DISTINCT hashtextextended(e, 0) AS k FROM unnest(%s::text[]) AS e ORDER BY k) AS keys), "
             "(SELECT version FROM rotation_configversion WHERE id = 1)",
-            [f"{lock_timeout_ms}ms", emails],
+            [f"{lock_timeout_ms}ms", f"{lock_timeout_ms}ms", emails],
         )
         row = cursor.fetchone()
-    return None if row is None or row[2] is None else int(row[2])
+    return None if row is None or row[3] is None else int(row[3])
 
 
 def open_leads_newest(*, emails: list[str], statuses: tuple[str, ...], since: datetime) -> dict[str, datetime]:

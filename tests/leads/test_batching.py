@@ -6,7 +6,7 @@ import time
 from collections import Counter
 
 import pytest
-from django.db import connections, transaction
+from django.db import OperationalError, connection, connections, transaction
 
 from audit.models import AuditEvent
 from leads import batching, services
@@ -359,4 +359,52 @@ def test_a_request_waiting_behind_a_busy_batch_is_answered_within_its_lock_timeo
         connections.close_all()
     assert [status for status, _ in outcomes] == [503] * 4
     assert max(elapsed for _, elapsed in outcomes) < 1.5, outcomes  # not 1.8 s: 0.2 s early + 1 s + 1 s
+    assert not Lead.objects.exists()
+
+
+def test_a_request_behind_another_waiter_gets_its_503_after_one_lock_timeout(make_group, settings):
+    """PostgreSQL counts lock_timeout per lock it waits for: a request queued behind another
+    waiter for the rotation row waits first for that waiter's place, then for the holder. The
+    whole wait stays within the lock timeout."""
+    settings.ROUTING_LOCK_TIMEOUT_MS = 1000
+    busy, _ = make_group(2, slug="busy")
+    _client, token = api_client_with(["intake"])
+    locked, release, queued = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                RotationState.objects.select_for_update().get(group=busy)
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    def wait_a_while() -> None:  # another waiter for the row, ahead of the request, gives up at 0.6 s
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '600ms'")
+                queued.set()
+                cursor.execute("SELECT 1 FROM rotation_rotationstate WHERE group_id = %s FOR UPDATE", [busy.id])
+        except OperationalError:
+            pass
+        finally:
+            connections.close_all()
+
+    holder, other = threading.Thread(target=hold), threading.Thread(target=wait_a_while)
+    holder.start()
+    assert locked.wait(10)
+    other.start()
+    assert queued.wait(10)
+    time.sleep(0.1)
+    try:
+        started = time.monotonic()
+        r = post(http_client(token), {"email": "late@batch.example", "group": "busy"})
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join(10)
+        other.join(10)
+    assert (r.status_code, r["Retry-After"]) == (503, "1")
+    assert elapsed < 1.3, elapsed  # not 1.5 s: 0.5 s behind the other waiter, then 1 s again
     assert not Lead.objects.exists()
