@@ -1,6 +1,7 @@
 """The Makefile: `make` alone says how to run the product and its tests (the README's two
 commands) and does nothing else."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -8,7 +9,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _make(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=60)
+    # As a user types it: not as a sub-make of `make test` (whose MAKEFLAGS and MAKELEVEL
+    # would add "Entering directory" lines).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    return subprocess.run(["make", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_make_alone_lists_the_targets_and_builds_nothing():
