@@ -11,8 +11,9 @@ from typing import Any
 def rep_ids(explanation: Mapping[str, Any], rep_id: int | None) -> set[int]:
     """The rep ids a summary names: the event's rep, and the ones its explanation refers to."""
     ids = {rep_id} if rep_id is not None else set()
-    for key in ("chosen", "to_rep", "from_rep"):
-        value = explanation.get(key)
+    owner_match = explanation.get("owner_match")
+    owner = owner_match.get("owner") if isinstance(owner_match, Mapping) else None
+    for value in (*(explanation.get(key) for key in ("chosen", "to_rep", "from_rep")), owner):
         if isinstance(value, int) and not isinstance(value, bool):
             ids.add(value)
     return ids
@@ -24,9 +25,39 @@ def _name(rep: Any, names: Mapping[int, str]) -> str:
     return f"{names[rep]} (#{rep})" if rep in names else f"rep #{rep}"
 
 
-def _skipped(candidates: Iterable[Mapping[str, Any]]) -> str:
-    parts = [f"{c.get('name') or _name(c.get('rep'), {})}: {c.get('reason')}" for c in candidates]
-    return "; ".join(p for p in parts if not p.endswith(": chosen"))
+def _skipped(candidates: Iterable[Mapping[str, Any]], chosen: Any = None) -> str:
+    """The candidates passed over, each with why (the chosen one is named apart)."""
+    parts = [
+        f"{c.get('name') or _name(c.get('rep'), {})}: {c.get('reason')}"
+        for c in candidates
+        if c.get("reason") != "chosen" and (chosen is None or c.get("rep") != chosen)
+    ]
+    return "; ".join(parts)
+
+
+# How the group was found when no rule matched (the decision's `group_source`).
+_GROUP_SOURCES = {"requested": "the group the lead asked for", "default": "the default group"}
+
+
+def _owner_passed_over(owner_match: Any, names: Mapping[int, str]) -> str:
+    """An account owner the lead did not go to, and why (the rotation or the queue took it)."""
+    if not isinstance(owner_match, Mapping) or not owner_match.get("owner_skipped"):
+        return ""
+    owner = _name(owner_match.get("owner"), names)
+    return f"; account owner {owner} of {owner_match.get('account')} passed over: {owner_match['owner_skipped']}"
+
+
+def _missed(e: Mapping[str, Any], names: Mapping[int, str]) -> str:
+    """An escalation's cause: whose SLA ran out, on which attempt, how late, found by what."""
+    text = f"SLA of {_name(e.get('from_rep'), names)} missed (attempt {e.get('missed_attempt')}"
+    if e.get("late_by_s") is not None:
+        text += f", {e['late_by_s']} s after the due time"
+    if e.get("trigger") == "sweep":
+        text += ", found by the sweep"
+    text += ")"
+    if e.get("auto_paused") is not None:
+        text += f"; {_name(e['auto_paused'], names)} paused in the group automatically (missed SLAs in a row)"
+    return text + ". "
 
 
 def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | None, names: Mapping[int, str]) -> str:
@@ -34,22 +65,41 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
     e = explanation
     candidates = e.get("candidates") or []
     names = {**{c["rep"]: c["name"] for c in candidates if c.get("rep") is not None and c.get("name")}, **names}
-    rule = f"rule “{e['rule']}” matched" if e.get("rule") else f"no rule matched (group from {e.get('group_source')})"
     where = f"group {e.get('group')} ({e.get('strategy')})" if e.get("group") else "no group"
-    if type in ("lead.assigned", "lead.rerouted", "lead.escalated") and "chosen" in e:
-        text = f"Given to {_name(e.get('chosen'), names)} ({e.get('reason', 'rotation')})"
+    if e.get("rule"):
+        rule = f"rule “{e['rule']}” matched, {where}"
+    elif e.get("group") and e.get("group_source") in _GROUP_SOURCES:
+        rule = f"no rule matched, {where} as {_GROUP_SOURCES[e['group_source']]}"
+    else:
+        rule = f"no rule matched, {where}"
+    # An escalation does not run the rules again: the lead stays in its group.
+    decided = "rule" in e or "group_source" in e
+    cause = _missed(e, names) if type == "lead.escalated" else ""
+    passed_over = _owner_passed_over(e.get("owner_match"), names)
+    if type in ("lead.assigned", "lead.rerouted", "lead.escalated") and e.get("chosen") is not None:
+        default_reason = "escalation" if type == "lead.escalated" else "rotation"
+        text = f"Given to {_name(e.get('chosen'), names)} ({e.get('reason') or default_reason})"
         if e.get("unchanged"):  # a reroute that found the lead where it already was
             text = f"Kept by {_name(e.get('chosen'), names)}, who already had it (assignment unchanged)"
-        if "rule" in e or "group_source" in e:
-            text += f": {rule}, {where}"
+        if e.get("trigger") == "queue_drain":
+            text += " from the fallback queue"
+            if e.get("queued_because"):
+                text += f" (queued because: {e['queued_because']})"
+        if not e.get("unchanged") and e.get("reason") == "owner_match" and e.get("account"):
+            text += f", as the account owner of {e['account']} (the rotation untouched)"
+        if decided:
+            text += f": {rule}"
+        text += passed_over
         if "pointer_before" in e:
             text += f"; pointer {e.get('pointer_before')} → {e.get('pointer_after')}"
+        skipped = _skipped(candidates, e.get("chosen"))
+        return cause + text + (f". Not chosen: {skipped}." if skipped else ".")
+    if type in ("lead.queued", "lead.rerouted", "lead.escalated"):
         skipped = _skipped(candidates)
-        return text + (f". Not chosen: {skipped}." if skipped else ".")
-    if type == "lead.queued" or (type in ("lead.rerouted", "lead.escalated") and e.get("queue_reason")):
-        skipped = _skipped(candidates)
-        text = f"Sent to the fallback queue: {e.get('queue_reason') or 'no eligible rep'}; {rule}, {where}"
-        return text + (f". Candidates: {skipped}." if skipped else ".")
+        text = f"Sent to the fallback queue: {e.get('queue_reason') or 'no eligible rep'}"
+        text += f"; {rule}" if decided else f"; {where}"
+        text += passed_over
+        return cause + text + (f". Candidates: {skipped}." if skipped else ".")
     if type == "lead.reassigned":
         was = "the fallback queue" if e.get("from_rep") is None else _name(e.get("from_rep"), names)
         text = f"Assigned by hand from {was} to {_name(e.get('to_rep'), names)}"

@@ -1,0 +1,115 @@
+"""The trail in the admin (SPEC 3.5): each event's sentence says what its explanation says."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from audit.summary import event_summary, rep_ids
+from leads import actions
+from leads.models import Assignment
+from rotation.models import Account, Membership, Rep
+from tests.conftest import lead_body
+
+pytestmark = pytest.mark.django_db
+
+
+def post(api, **fields) -> dict:
+    r = api.post("/api/v1/leads/", lead_body(**fields), format="json")
+    assert r.status_code == 201, r.content
+    return r.json()
+
+
+def summary(event: AuditEvent) -> str:
+    ids = rep_ids(event.explanation, event.rep_id)
+    names = dict(Rep.objects.filter(pk__in=ids).values_list("pk", "name"))
+    return event_summary(type=event.type, explanation=event.explanation, rep_id=event.rep_id, names=names)
+
+
+def escalate(lead_id: int) -> AuditEvent:
+    assignment = Assignment.objects.get(lead_id=lead_id, ended_at__isnull=True)
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=3))
+    actions.lead_escalate(assignment_id=assignment.pk)
+    return AuditEvent.objects.filter(lead_id=lead_id, type="lead.escalated").latest("id")
+
+
+def test_an_escalation_says_whose_sla_ran_out_and_who_has_the_lead_now(api, make_group):
+    group, reps = make_group(2, slug="emea", sla_minutes="30")
+    lead = post(api, group="emea")
+    text = summary(escalate(lead["id"]))
+    assert f"SLA of {reps[0].name} (#{reps[0].id}) missed (attempt 1, 3." in text, text
+    assert f"Given to {reps[1].name} (#{reps[1].id}) (escalation)" in text, text
+    assert "no rule matched" not in text and "(rotation)" not in text, text
+    assert f"Not chosen: {reps[0].name}: already had this lead." in text, text
+
+
+def test_an_escalation_into_the_queue_reads_as_queued_not_as_given_to_nobody(api, make_group):
+    group, reps = make_group(2, slug="emea", sla_minutes="30", max_attempts=5)
+    Membership.objects.filter(group=group, rep=reps[1]).update(max_open=0)
+    lead = post(api, group="emea")
+    event = escalate(lead["id"])
+    assert event.explanation["chosen"] is None and event.explanation["queued"] is True
+    text = summary(event)
+    assert "nobody" not in text and "Given to" not in text, text
+    assert f"SLA of {reps[0].name} (#{reps[0].id}) missed (attempt 1" in text, text
+    assert "Sent to the fallback queue: SLA missed; no eligible rep in 'emea' who has not had this lead" in text
+    assert "no rule matched" not in text and "group from" not in text, text
+    assert f"{reps[1].name}: at max_open cap (0/0)" in text, text
+
+
+def test_an_escalation_at_max_attempts_reads_as_queued(api, make_group):
+    group, reps = make_group(2, slug="emea", sla_minutes="30", max_attempts=1)
+    lead = post(api, group="emea")
+    text = summary(escalate(lead["id"]))
+    assert text.startswith(f"SLA of {reps[0].name} (#{reps[0].id}) missed"), text
+    assert "Sent to the fallback queue: SLA missed once; max_attempts (1) reached in 'emea'" in text, text
+    assert "group from" not in text, text
+
+
+def test_the_account_owner_is_named_as_chosen_not_as_passed_over(api, make_group):
+    group, reps = make_group(3, slug="emea")
+    Account.objects.create(domain="bigco.example", owner=reps[2])
+    lead = post(api, group="emea", email="cto@bigco.example")
+    (event,) = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.assigned")
+    text = summary(event)
+    assert f"Given to {reps[2].name} (#{reps[2].id}) (owner_match)" in text, text
+    assert "account owner of bigco.example" in text, text
+    assert "Not chosen" not in text, text
+
+
+def test_an_account_owner_passed_over_is_named_with_why(api, make_group):
+    group, reps = make_group(2, slug="emea")
+    outsider = Rep.objects.create(name="Olga Outside", email="olga@example.com")
+    Account.objects.create(domain="bigco.example", owner=outsider)
+    lead = post(api, group="emea", email="cto@bigco.example")
+    (event,) = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.assigned")
+    text = summary(event)
+    assert event.explanation["owner_match"]["owner"] == outsider.id
+    assert f"account owner Olga Outside (#{outsider.id}) of bigco.example passed over: not a member of group" in text
+
+
+def test_the_group_source_is_said_in_words(api, make_group):
+    make_group(1, slug="emea", is_default=True)
+    make_group(1, slug="smb")
+    own = post(api, group="smb")
+    default = post(api)
+    (own_event,) = AuditEvent.objects.filter(lead_id=own["id"], type="lead.assigned")
+    (default_event,) = AuditEvent.objects.filter(lead_id=default["id"], type="lead.assigned")
+    assert "no rule matched, group smb (round_robin) as the group the lead asked for" in summary(own_event)
+    assert "no rule matched, group emea (round_robin) as the default group" in summary(default_event)
+
+
+def test_a_lead_given_from_the_queue_says_so(api, make_group, django_capture_on_commit_callbacks):
+    group, reps = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(max_open=0)
+    lead = post(api, group="emea")
+    assert lead["status"] == "queued"
+    with django_capture_on_commit_callbacks(execute=True):  # the drain runs once committed
+        r = api.patch(f"/api/v1/groups/emea/members/{reps[0].id}/", {"max_open": 1}, format="json")
+    assert r.status_code == 200, r.content
+    (event,) = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.assigned")
+    assert event.explanation["trigger"] == "queue_drain"
+    text = summary(event)
+    assert text.startswith(f"Given to {reps[0].name} (#{reps[0].id}) (rotation) from the fallback queue")
+    assert f"(queued because: {lead['queue_reason']})" in text, text
