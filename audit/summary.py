@@ -143,7 +143,32 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
         return text + "; the lead was not moved (a reroute moves it)."
     if not type.startswith("lead.") and isinstance(e.get("action"), str):
         return _config_summary(e)
+    if type == "client.changed" and isinstance(e.get("change"), str):
+        return _client_summary(e)
     return ""
+
+
+def _client_summary(e: Mapping[str, Any]) -> str:
+    """Who may call in or is called out: an API client, a web-form source, a webhook endpoint."""
+    if e.get("api_client") is not None:
+        text = f"API client “{e['api_client']}”"
+    elif e.get("intake_source") is not None:
+        text = f"Web-form source “{e['intake_source']}”"
+    elif e.get("webhook_endpoint") is not None:
+        text = f"Webhook endpoint #{e['webhook_endpoint']}"
+    else:
+        text = "Client"
+    text += f" {e['change']}"
+    details = []
+    if isinstance(e.get("scopes"), list):
+        details.append(f"scopes {', '.join(str(s) for s in e['scopes'])}")
+    if e.get("url"):
+        details.append(f"url {e['url']}")
+    if isinstance(e.get("fields"), Mapping):
+        details.extend(f"{field} {_value(value)}" for field, value in e["fields"].items())
+    elif isinstance(e.get("fields"), list):
+        details.append(f"fields {', '.join(str(f) for f in e['fields'])}")
+    return text + (f" ({'; '.join(details)})" if details else "") + "."
 
 
 def _value(value: Any) -> str:

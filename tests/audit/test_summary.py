@@ -9,6 +9,7 @@ from audit.models import AuditEvent
 from audit.summary import event_summary, rep_ids
 from leads import actions
 from leads.models import Assignment
+from leads.tokens import api_client_audit_created, api_client_create
 from rotation.models import Account, Membership, Rep
 from tests.conftest import lead_body
 
@@ -113,3 +114,11 @@ def test_a_lead_given_from_the_queue_says_so(api, make_group, django_capture_on_
     text = summary(event)
     assert text.startswith(f"Given to {reps[0].name} (#{reps[0].id}) (rotation) from the fallback queue")
     assert f"(queued because: {lead['queue_reason']})" in text, text
+
+
+def test_an_api_client_change_is_said_in_words(db):
+    client, _ = api_client_create(name="forms", scopes=["intake"])
+    api_client_audit_created(client=client, actor="admin:ops")
+    (event,) = AuditEvent.objects.filter(type="client.changed", explanation__api_client="forms")
+    text = summary(event)
+    assert text == "API client “forms” created (scopes intake).", text
