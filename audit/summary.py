@@ -29,6 +29,7 @@ def _skipped(candidates: Iterable[Mapping[str, Any]], chosen: Any = None) -> str
     """The candidates passed over, each with why (the chosen one is named apart)."""
     parts = [
         f"{c.get('name') or _name(c.get('rep'), {})}: {c.get('reason')}"
+        + (f" (weight {c['weight']})" if c.get("weight") is not None else "")
         for c in candidates
         if c.get("reason") != "chosen" and (chosen is None or c.get("rep") != chosen)
     ]
@@ -78,7 +79,10 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
     passed_over = _owner_passed_over(e.get("owner_match"), names)
     if type in ("lead.assigned", "lead.rerouted", "lead.escalated") and e.get("chosen") is not None:
         default_reason = "escalation" if type == "lead.escalated" else "rotation"
-        text = f"Given to {_name(e.get('chosen'), names)} ({e.get('reason') or default_reason})"
+        weight = next((c.get("weight") for c in candidates if c.get("rep") == e.get("chosen")), None)
+        how = e.get("reason") or default_reason
+        how += f", weight {weight}" if weight is not None else ""
+        text = f"Given to {_name(e.get('chosen'), names)} ({how})"
         if e.get("unchanged"):  # a reroute that found the lead where it already was
             text = f"Kept by {_name(e.get('chosen'), names)}, who already had it (assignment unchanged)"
         if e.get("trigger") == "queue_drain":

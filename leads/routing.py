@@ -281,6 +281,8 @@ def decide(
             described[-1]["open"] = f.open
         if f.max_per_day is not None:
             described[-1]["today"] = f.assigned_today
+        if strategy == "weighted":  # a weighted turn is read against the weights
+            described[-1]["weight"] = f.weight
     picked = strategies.pick(strategy, candidates, pointer, current_weights)
     chosen = by_id.get(picked.rep_id) if picked.rep_id is not None else None
     for d in described:

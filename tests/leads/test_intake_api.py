@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from leads.models import Assignment, IdempotencyRecord, Lead
-from rotation.models import RotationState
+from rotation.models import Membership, RotationState
 from tests.conftest import lead_body
 
 pytestmark = pytest.mark.django_db
@@ -62,6 +62,22 @@ def test_rotation_runs_in_order_and_explains_itself(api, make_group):
     assert ex["group_source"] == "requested" and ex["rule"] is None
     assert [c["rep"] for c in ex["candidates"]] == ids
     assert ex["candidates"][0]["reason"] == "chosen"
+
+
+def test_a_weighted_decision_names_each_members_weight(api, make_group):
+    """Over a weighted group, "not next in rotation" is explained by the weights: each
+    candidate carries its member's weight, and the trail says it in words."""
+    from audit.summary import event_summary
+
+    group, reps = make_group(2, slug="na", strategy="weighted")
+    Membership.objects.filter(group=group, rep=reps[0]).update(weight=3)
+    lead = api.post("/api/v1/leads/", lead_body(group="na"), format="json").json()
+    (event,) = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.assigned")
+    weights = {c["rep"]: c["weight"] for c in event.explanation["candidates"]}
+    assert weights == {reps[0].id: 3, reps[1].id: 1}
+    text = event_summary(type=event.type, explanation=event.explanation, rep_id=event.rep_id, names={})
+    assert f"Given to {reps[0].name} (#{reps[0].id}) (rotation, weight 3)" in text, text
+    assert f"Not chosen: {reps[1].name}: not next in rotation (weight 1)." in text, text
 
 
 def test_no_eligible_rep_queues_with_reason(api, make_group):
