@@ -197,6 +197,10 @@ def _config_summary(e: Mapping[str, Any]) -> str:
             for field, value in changes.items()
         ]
         text += ": " + "; ".join(parts)
+    window = e.get("changes") if action == "created" else e.get("before") if action == "deleted" else None
+    if isinstance(window, Mapping) and window.get("starts_at") and window.get("ends_at"):  # an absence
+        text += f": out of office from {window['starts_at']} to {window['ends_at']}"
+        text += f" ({window['reason']})" if window.get("reason") else ""
     if action == "removed" and e.get("position") is not None:
         text += f" from the rotation (was at position {e['position']})"
     return text + "."

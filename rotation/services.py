@@ -410,6 +410,8 @@ def absence_update(*, absence: Absence, actor: str, changed: Iterable[str]) -> A
 @transaction.atomic
 def absence_remove(*, absence: Absence, actor: str) -> None:
     rep_id, absence_id = absence.rep_id, absence.pk
+    # The window itself stays in the trail: which days the rep was marked away, taken back.
+    before = _values(absence, ["id", "starts_at", "ends_at", "reason"])
     absence.delete()
     # Back from out of office: drain the queues of the rep's groups after commit.
     capacity_freed(group_ids=Membership.objects.filter(rep_id=rep_id).values_list("group_id", flat=True))
@@ -417,7 +419,7 @@ def absence_remove(*, absence: Absence, actor: str) -> None:
         type=AuditEvent.Type.ABSENCE_CHANGED,
         actor=actor,
         rep_id=rep_id,
-        explanation={"action": "deleted", "id": absence_id},
+        explanation={"action": "deleted", "id": absence_id, "before": before},
     )
 
 

@@ -48,6 +48,25 @@ def test_absences_api(api, make_group):
     assert actions == ["created", "deleted"]
 
 
+def test_a_deleted_absence_leaves_its_window_in_the_trail(api, make_group):
+    """A deleted out-of-office window left only its id: the trail could no longer say which
+    days the rep had been marked away, nor who had taken them back."""
+    from audit.summary import event_summary
+
+    _, (rep,) = make_group(1)
+    url = f"/api/v1/reps/{rep.id}/absences/"
+    body = {"starts_at": "2030-01-01T09:00:00Z", "ends_at": "2030-01-03T18:00:00Z", "reason": "holiday"}
+    absence = api.post(url, body, format="json").json()
+    assert api.delete(f"{url}{absence['id']}/").status_code == 204
+    created, deleted = AuditEvent.objects.filter(type="absence.changed").order_by("id")
+    assert deleted.explanation["before"] == created.explanation["changes"]
+    texts = [
+        event_summary(type=e.type, explanation=e.explanation, rep_id=e.rep_id, names={}) for e in (created, deleted)
+    ]
+    window = "2030-01-01 09:00:00+00:00 to 2030-01-03 18:00:00+00:00 (holiday)"
+    assert texts == [f"Created: out of office from {window}.", f"Deleted: out of office from {window}."], texts
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
