@@ -188,6 +188,8 @@ def _config_summary(e: Mapping[str, Any]) -> str:
     text = "Paused automatically" if action == "auto_paused" else action.replace("_", " ").capitalize()
     if e.get("rule"):
         text += f" rule “{e['rule']}”"
+    if isinstance(e.get("account"), str):
+        text += f" account {e['account']}"
     changes = e.get("changes")
     if action in ("changed", "auto_paused") and isinstance(changes, Mapping) and changes:
         before = e.get("before")

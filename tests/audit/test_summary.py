@@ -122,3 +122,19 @@ def test_an_api_client_change_is_said_in_words(db):
     (event,) = AuditEvent.objects.filter(type="client.changed", explanation__api_client="forms")
     text = summary(event)
     assert text == "API client “forms” created (scopes intake).", text
+
+
+def test_an_account_change_names_the_account(db):
+    from rotation import services
+
+    owner = Rep.objects.create(name="Olga Owner", email="olga@example.com")
+    account = services.account_save(account=Account(domain="bigco.example", name="BigCo", owner=owner), actor="t")
+    account.name = "BigCo Inc"
+    services.account_save(account=account, actor="t", changed=["name"])
+    services.account_delete(account=account, actor="t")
+    texts = [summary(e) for e in AuditEvent.objects.filter(type="account.changed").order_by("id")]
+    assert texts == [
+        "Created account bigco.example.",
+        'Changed account bigco.example: name "BigCo" → "BigCo Inc".',
+        "Deleted account bigco.example.",
+    ], texts
