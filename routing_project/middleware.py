@@ -89,7 +89,8 @@ class RequestIdMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         incoming = request.headers.get("X-Request-ID", "")
-        request_id = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
+        # "-" is the id of no request (log lines outside one; the audit stores it as none).
+        request_id = incoming if _REQUEST_ID_RE.match(incoming) and incoming != "-" else uuid.uuid4().hex
         request.request_id = request_id  # type: ignore[attr-defined]
         token = request_id_var.set(request_id)
         try:

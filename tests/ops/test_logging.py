@@ -69,6 +69,22 @@ def test_one_access_line_per_api_request_without_contact_data(make_group, post_l
 
 
 @pytest.mark.django_db
+def test_a_request_id_of_a_dash_is_replaced_so_the_trail_keeps_the_id_the_response_carried(make_group, post_lead):
+    """A "-" is what a line outside any request carries and the audit stores as no id: taken
+    from the caller, the response echoed "-" while the lead's events held "", and neither
+    found the other."""
+    from audit.models import AuditEvent
+
+    group, _ = make_group(1)
+    response = post_lead(group=group.slug, headers={"X-Request-ID": "-"})
+    assert response.status_code == 201
+    echoed = response["X-Request-ID"]
+    assert echoed not in ("-", "")
+    ids = set(AuditEvent.objects.filter(lead_id=response.json()["id"]).values_list("request_id", flat=True))
+    assert ids == {echoed}
+
+
+@pytest.mark.django_db
 def test_a_line_break_in_the_path_cannot_forge_an_access_line(client, caplog):
     """The plain format writes the access line as text: a path holding a CR or LF (%0A) would
     start a line of the caller's choosing. It is escaped as Django escapes its own lines."""
