@@ -76,6 +76,10 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
     # An escalation does not run the rules again: the lead stays in its group.
     decided = "rule" in e or "group_source" in e
     cause = _missed(e, names) if type == "lead.escalated" else ""
+    if type == "lead.rerouted" and not e.get("unchanged") and e.get("from_status"):
+        origin = "the fallback queue" if e.get("from_rep") is None else _name(e["from_rep"], names)
+        cause = f"Rerouted from {origin}" + (f" in group {e['from_group']}" if e.get("from_group") else "")
+        cause += f" (was {e['from_status']}). "
     passed_over = _owner_passed_over(e.get("owner_match"), names)
     if type in ("lead.assigned", "lead.rerouted", "lead.escalated") and e.get("chosen") is not None:
         default_reason = "escalation" if type == "lead.escalated" else "rotation"

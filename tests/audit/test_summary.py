@@ -10,7 +10,7 @@ from audit.summary import event_summary, rep_ids
 from leads import actions
 from leads.models import Assignment
 from leads.tokens import api_client_audit_created, api_client_create
-from rotation.models import Account, Membership, Rep
+from rotation.models import Account, Membership, Rep, RoutingRule
 from tests.conftest import lead_body
 
 pytestmark = pytest.mark.django_db
@@ -138,3 +138,19 @@ def test_an_account_change_names_the_account(db):
         'Changed account bigco.example: name "BigCo" → "BigCo Inc".',
         "Deleted account bigco.example.",
     ], texts
+
+
+def test_a_reroute_says_where_the_lead_was_before(api, make_group):
+    emea, _ = make_group(1, slug="emea")
+    make_group(1, slug="smb")
+    first = Membership.objects.get(group__slug="smb").rep
+    lead = post(api, group="smb", country="FR")
+    RoutingRule.objects.create(
+        name="France", priority=1, conditions=[{"field": "country", "op": "equals", "value": "FR"}], group=emea
+    )
+    assert api.post(f"/api/v1/leads/{lead['id']}/reroute/", {}, format="json").status_code == 200
+    (event,) = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.rerouted")
+    assert event.explanation["from_group"] == "smb" and event.explanation["group"] == "emea"
+    text = summary(event)
+    assert text.startswith(f"Rerouted from {first.name} (#{first.id}) in group smb (was assigned). Given to "), text
+    assert "rule “France” matched, group emea" in text, text
