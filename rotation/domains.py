@@ -4,8 +4,9 @@
 def domain_unicode(domain: str) -> str:
     """A domain as rules and accounts compare it: lower case, its IDNA labels (`xn--…`) read
     back to Unicode, so `bücher.example` and `xn--bcher-kva.example` are one domain (lead
-    addresses are stored in ASCII: `ascii_email`)."""
-    domain = domain.strip().lower()
+    addresses are stored in ASCII: `ascii_email`). DNS's final dot ("acme.example.") is dropped:
+    no address ends with it, so a domain kept with it would never match a lead."""
+    domain = domain.strip().lower().removesuffix(".")
     if "xn--" not in domain:
         return domain
     try:

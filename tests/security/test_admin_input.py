@@ -206,6 +206,40 @@ def test_an_account_domain_differing_in_case_is_a_form_error(make_group):
     assert Account.objects.count() == 1
 
 
+@pytest.mark.parametrize("typed", ["acme.example.", "ACME.example."])
+def test_an_account_domain_typed_with_a_final_dot_is_the_domain_leads_come_from(make_group, typed):
+    """A domain typed as "acme.example." is the same as "acme.example" (DNS's final dot), but no lead's
+    address ends with it: kept so, the account would never match a lead, and a second account
+    for the same domain would be taken."""
+    from rotation.models import Account
+
+    _, (rep,) = make_group(1)
+    client = staff(SALES_OPS)
+    data = form_of(client.get("/admin/rotation/account/add/"))
+    data.update({"domain": [typed], "name": ["Acme"], "owner": [str(rep.pk)]})
+    r = client.post("/admin/rotation/account/add/", data)
+    assert r.status_code == 302, r.content[:300]
+    assert list(Account.objects.values_list("domain", flat=True)) == ["acme.example"]
+
+    data = form_of(client.get("/admin/rotation/account/add/"))
+    data.update({"domain": ["acme.example"], "name": ["Acme again"], "owner": [str(rep.pk)]})
+    r = client.post("/admin/rotation/account/add/", data)
+    assert r.status_code == 200 and "already exists" in r.content.decode()
+    assert Account.objects.count() == 1
+
+
+def test_an_account_domain_of_a_dot_alone_is_a_form_error(make_group):
+    from rotation.models import Account
+
+    _, (rep,) = make_group(1)
+    client = staff(SALES_OPS)
+    data = form_of(client.get("/admin/rotation/account/add/"))
+    data.update({"domain": ["."], "name": ["Dot"], "owner": [str(rep.pk)]})
+    r = client.post("/admin/rotation/account/add/", data)
+    assert r.status_code == 200 and b"errorlist" in r.content
+    assert not Account.objects.exists()
+
+
 def test_an_action_posted_with_a_selection_that_is_no_id_is_a_400(admin_client):
     r = admin_client.post("/admin/leads/queuedlead/", {"action": "assign_to_rep", "_selected_action": ["abc"]})
     assert r.status_code == 400
