@@ -93,9 +93,35 @@ class MembershipForm(forms.ModelForm):
         return cleaned
 
 
+class MembershipFormSet(BaseInlineFormSet):
+    def clean(self) -> None:
+        super().clean()
+        if self.instance.pk is None or any(form.errors for form in self.forms):
+            return
+        # The page holds the members as they were when it was read. One who joined (or moved)
+        # since is not on it: a row placed on that member's position would fail the unique
+        # position at commit (a server error). Rows of the page are checked among themselves
+        # (a swap is fine); this checks them against the members the page does not hold.
+        on_page = {form.instance.pk for form in self.forms if form.instance.pk is not None}
+        others = dict(
+            Membership.objects.filter(group=self.instance).exclude(pk__in=on_page).values_list("position", "rep__name")
+        )
+        for form in self.forms:
+            if form in self.deleted_forms or not form.has_changed() or getattr(form, "auto_position", False):
+                continue
+            position = form.cleaned_data.get("position")
+            if position in others:
+                form.add_error(
+                    "position",
+                    f"Position {position} is taken in this group (by {others[position]}, who joined or moved "
+                    "since this page was read): give a free one, or leave it empty to append.",
+                )
+
+
 class MembershipInline(CheckedAutocompleteMixin, admin.TabularInline):
     model = Membership
     form = MembershipForm
+    formset = MembershipFormSet
     extra = 0
     fields = ("rep", "position", "weight", "active", "max_open", "max_per_day", "paused_reason")
     readonly_fields = ("paused_reason",)

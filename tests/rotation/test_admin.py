@@ -552,3 +552,62 @@ def test_reps_of_one_name_are_told_apart_where_a_rep_is_picked(staff, make_group
     # The rep already chosen on a member row reads the same.
     page = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
     assert f"{member.name} &lt;{member.email}&gt;</option>" in page
+
+
+def _member_rows(group, members) -> dict:
+    data = group_form(slug=group.slug, name=group.name)
+    data.update(inline_management("memberships", len(members), len(members)))
+    for i, m in enumerate(members):
+        data.update(
+            {
+                f"memberships-{i}-id": m.pk,
+                f"memberships-{i}-group": group.pk,
+                f"memberships-{i}-rep": m.rep_id,
+                f"memberships-{i}-position": str(m.position),
+                f"memberships-{i}-weight": str(m.weight),
+                f"memberships-{i}-active": "on",
+            }
+        )
+    return data
+
+
+@pytest.mark.parametrize("row", ["new", "existing"])
+def test_a_position_taken_since_the_group_page_was_read_is_a_form_error(staff, make_group, row):
+    """The page lists the members as they were when it was read: one who joined since at
+    position 7 is not on it. A row of the page placed at 7 (a new member, or one moved there)
+    was checked against the rows of the page only, and the commit failed on the unique
+    position: a server error, where the page should say the position is taken."""
+    group, (a,) = make_group(1, slug="emea")
+    members = list(Membership.objects.filter(group=group))  # the page as read
+    joiner, newcomer = RepFactory(), RepFactory()
+    Membership.objects.create(group=group, rep=joiner, position=7)  # joined meanwhile
+    data = _member_rows(group, members)
+    if row == "new":
+        data.update(inline_management("memberships", 2, 1))
+        data.update(
+            {
+                "memberships-1-rep": str(newcomer.pk),
+                "memberships-1-group": group.pk,
+                "memberships-1-position": "7",
+                "memberships-1-weight": "1",
+                "memberships-1-active": "on",
+            }
+        )
+    else:
+        data["memberships-0-position"] = "7"
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 200, r.content.decode()[-2000:]
+    assert "Position 7 is taken" in r.content.decode()
+    positions = dict(Membership.objects.filter(group=group).values_list("rep_id", "position"))
+    assert positions == {a.pk: members[0].position, joiner.pk: 7}
+
+
+def test_members_swapping_positions_on_the_page_is_no_conflict(staff, make_group):
+    group, (a, b) = make_group(2, slug="emea")
+    ma, mb = Membership.objects.filter(group=group).order_by("position")
+    data = _member_rows(group, [ma, mb])
+    data["memberships-0-position"], data["memberships-1-position"] = str(mb.position), str(ma.position)
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 302, r.content.decode()[-2000:]
+    positions = dict(Membership.objects.filter(group=group).values_list("rep_id", "position"))
+    assert positions == {a.pk: mb.position, b.pk: ma.position}
