@@ -14,7 +14,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from rest_framework import serializers
 
-from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin
+from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin, RowsGoneAdminMixin
 from routing_project.api import ascii_email
 
 from . import services
@@ -159,7 +159,7 @@ class GroupForm(forms.ModelForm):
 
 
 @admin.register(Group)
-class GroupAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     form = GroupForm
     list_display = ("slug", "name", "strategy", "sla_minutes", "max_attempts", "is_default", "active", "member_count")
     list_filter = ("strategy", "active", "is_default")
@@ -282,7 +282,7 @@ def _absences_have_times_in(zone: ZoneInfo, *, rep_id: int) -> bool:
 
 
 @admin.register(Rep)
-class RepAdmin(AuditedDeleteMixin, admin.ModelAdmin):
+class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     form = RepForm
     list_display = ("name", "email", "timezone", "active", "user")
     list_filter = ("active",)

@@ -6,10 +6,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from django import forms
+from django.contrib import messages
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.forms.fields import InvalidJSONInput, JSONString
+from django.http import HttpRequest, HttpResponseRedirect
 
 from .api import json_loads_client
 
@@ -82,3 +85,49 @@ class CheckedAutocompleteMixin:
         if field is not None and label is not None and db_field.name in self.get_autocomplete_fields(request):  # type: ignore[attr-defined]
             field.label_from_instance = label
         return field
+
+
+class RowsGoneAdminMixin:
+    """For a ModelAdmin with inlines. A row of a page whose object someone else deleted since
+    the page was read (a member removed, an absence deleted) fails on its hidden id, and the
+    inline does not draw that row (it lists the objects that still exist): the page said
+    "Please correct the error below." and showed no error, and saving it again failed again.
+    Such a save is refused up front, said, and the page shown as it is now."""
+
+    def changeform_view(
+        self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        if request.method == "POST" and object_id is not None:
+            gone = self._inline_rows_gone(request, object_id)
+            if gone:
+                one = len(gone) == 1 and gone[0].startswith("1 ")
+                self.message_user(  # type: ignore[attr-defined]
+                    request,
+                    f"Nothing was saved: {', '.join(gone)} of this page {'was' if one else 'were'} "
+                    "removed by someone else since the page was read. Here it is as it is now: make your "
+                    "changes again.",
+                    messages.ERROR,
+                )
+                return HttpResponseRedirect(request.get_full_path())
+        return super().changeform_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
+
+    def _inline_rows_gone(self, request: HttpRequest, object_id: str) -> list[str]:
+        obj = self.get_object(request, unquote(object_id))  # type: ignore[attr-defined]
+        if obj is None or not self.has_change_permission(request, obj):  # type: ignore[attr-defined]
+            return []  # Django's own answer (a 403, "no such object")
+        gone = []
+        for inline in self.get_inline_instances(request, obj):  # type: ignore[attr-defined]
+            formset = inline.get_formset(request, obj)
+            prefix, pk_name = formset.get_default_prefix(), inline.model._meta.pk.name
+            initial = request.POST.get(f"{prefix}-INITIAL_FORMS", "")
+            if not initial.isdigit():
+                continue  # a broken management form: the formset says so itself
+            posted = {request.POST.get(f"{prefix}-{i}-{pk_name}", "") for i in range(min(int(initial), 1000))}
+            ids = {int(v) for v in posted if v.isdigit() and len(v) < 19}
+            found = inline.model._default_manager.filter(**{formset.fk.name: obj, "pk__in": ids}).count()
+            if found < len(ids):
+                names = (
+                    inline.model._meta.verbose_name_plural if len(ids) - found > 1 else inline.model._meta.verbose_name
+                )
+                gone.append(f"{len(ids) - found} {names}")
+        return gone

@@ -9,6 +9,7 @@ from leads.models import Lead
 from rotation.models import Group, Membership
 from tests.conftest import lead_body
 from tests.factories import RepFactory
+from tests.security.test_admin_roles import form_of
 
 pytestmark = pytest.mark.django_db
 
@@ -611,3 +612,54 @@ def test_members_swapping_positions_on_the_page_is_no_conflict(staff, make_group
     assert r.status_code == 302, r.content.decode()[-2000:]
     positions = dict(Membership.objects.filter(group=group).values_list("rep_id", "position"))
     assert positions == {a.pk: mb.position, b.pk: ma.position}
+
+
+def test_a_save_of_a_group_page_holding_a_member_removed_since_is_refused_and_said(staff, make_group):
+    """Another sales ops removed a member while this page was open: its row's hidden id no
+    longer names a member. The page said "Please correct the error below." and showed no error
+    anywhere (the row is not drawn again), and saving it again failed again."""
+    group, (a, b) = make_group(2, slug="emea")
+    members = list(Membership.objects.filter(group=group).order_by("position"))
+    data = _member_rows(group, members)
+    data["memberships-0-weight"] = "2"
+    members[1].delete()
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 302 and r["Location"] == f"/admin/rotation/group/{group.pk}/change/"
+    assert Membership.objects.get(pk=members[0].pk).weight == 1  # nothing half-saved
+    page = staff.get(r["Location"])
+    assert "1 membership of this page was removed by someone else since the page was read" in page.content.decode()
+    data = form_of(page)
+    data["memberships-0-weight"] = ["2"]
+    again = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)  # the change made again
+    assert again.status_code == 302, again.content.decode()[-3000:]
+    assert Membership.objects.get(pk=members[0].pk).weight == 2
+
+
+def test_a_save_of_a_rep_page_holding_an_absence_removed_since_is_refused_and_said(staff):
+    from datetime import UTC, datetime
+
+    from rotation.models import Absence
+
+    rep = RepFactory()
+    absence = Absence.objects.create(
+        rep=rep, starts_at=datetime(2030, 1, 10, 9, tzinfo=UTC), ends_at=datetime(2030, 1, 12, 9, tzinfo=UTC)
+    )
+    form = {
+        "name": rep.name,
+        "email": rep.email,
+        "timezone": "UTC",
+        "active": "on",
+        "working_hours": "null",
+        **inline_management("absences", 1, 1),
+        "absences-0-id": str(absence.pk),
+        "absences-0-rep": str(rep.pk),
+        "absences-0-starts_at_0": "2030-01-10",
+        "absences-0-starts_at_1": "09:00:00",
+        "absences-0-ends_at_0": "2030-01-14",
+        "absences-0-ends_at_1": "09:00:00",
+        "absences-0-reason": "holiday (extended)",
+    }
+    absence.delete()
+    r = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form, follow=True)
+    assert "removed by someone else since the page was read" in r.content.decode()
+    assert not AuditEvent.objects.filter(type="rep.changed", explanation__action="changed").exists()
