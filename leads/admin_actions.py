@@ -70,7 +70,8 @@ def _not_eligible_note(*, lead_id: int, actor: str) -> str:
 
 def _warn_not_eligible(modeladmin: Any, request: HttpRequest, rep: Rep, notes: dict[str, list[int]]) -> None:
     for note, ids in notes.items():
-        leads = ", ".join(f"#{pk}" for pk in ids)
+        # The first 20, the rest counted, as the actions' other messages say them.
+        leads = ", ".join(f"#{pk}" for pk in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
         modeladmin.message_user(
             request,
             f"{rep.name} is not eligible now ({note}): {leads} will wait with them until they can take "

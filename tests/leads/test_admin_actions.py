@@ -109,6 +109,25 @@ def test_route_again_says_when_a_lead_is_back_in_the_queue(api, make_group, mana
     assert f"Still no rep for {first} and 2 more, back in the fallback queue: {lead.queue_reason}." in shown, shown
 
 
+def test_assigning_many_leads_to_a_rep_not_eligible_now_names_the_first_20(api, make_group, manager):
+    """The warning that the rep cannot work the leads now listed every lead: "Select all" over
+    a queue of thousands put a message of thousands of ids on the page (and in the session),
+    where the other messages of these actions say the first 20 and count the rest."""
+    group, reps, ids = queued_leads(api, make_group, 25)  # the group's members are paused
+    r = manager.post(
+        "/admin/leads/queuedlead/",
+        {"action": "assign_to_rep", "_selected_action": ids, "apply": "1", "rep": reps[0].id, "reason": "cover"},
+        follow=True,
+    )
+    shown = [str(m) for m in r.context["messages"]]
+    assert shown[0] == f"25 lead(s) assigned to {reps[0].name}."
+    warning = shown[1]
+    first = ", ".join(f"#{pk}" for pk in sorted(ids)[:20])
+    assert warning.startswith(f"{reps[0].name} is not eligible now (paused in this group): {first} and 5 more will"), (
+        warning
+    )
+
+
 def test_reassign_from_the_lead_page(api, make_group, manager):
     group, reps = make_group(2, slug="emea")
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
