@@ -4,7 +4,7 @@ from zoneinfo import ZoneInfo
 
 from django import forms
 from django.contrib import admin, messages
-from django.core.validators import DomainNameValidator
+from django.core.validators import DomainNameValidator, MinValueValidator
 from django.db import transaction
 from django.db.models import Count, Max, Min, QuerySet
 from django.forms import BaseInlineFormSet
@@ -60,6 +60,15 @@ class AuditedDeleteMixin:
         return deleted, model_count, perms_needed, protected
 
 
+def _lowest(field: Any, lowest: int) -> None:
+    """The model refuses values below `lowest`; the form field of its PositiveIntegerField says
+    0, so -1 was told "at least 0" and then 0 "at least 1". Told the real lowest at once."""
+    field.min_value = lowest
+    field.validators = [v for v in field.validators if not isinstance(v, MinValueValidator)]
+    field.validators.append(MinValueValidator(lowest))
+    field.widget.attrs["min"] = lowest
+
+
 class MembershipForm(forms.ModelForm):
     position = forms.IntegerField(
         required=False,
@@ -74,6 +83,8 @@ class MembershipForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if "weight" in self.fields:  # not for those who may only read the page
+            _lowest(self.fields["weight"], 1)
         if self.instance.pk is not None:
             # A member row is one rep's place in the rotation: another rep is a removal and a
             # joiner (both audited), not an edit that would hand over its position and counts.
@@ -148,6 +159,11 @@ class GroupForm(forms.ModelForm):
             "dedup_days",
             "owner_match_fallback_to_rotation",
         )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "max_attempts" in self.fields:  # not for those who may only read the page
+            _lowest(self.fields["max_attempts"], 1)
 
     def _get_validation_exclusions(self) -> Any:
         # "One default group" is the service's to keep: ticking the flag here moves it from the

@@ -311,3 +311,17 @@ def test_a_rule_priority_past_the_apis_limit_is_a_form_error(api, make_group):
     (rule,) = api.get("/api/v1/rules/").json()["results"]
     assert rule["priority"] == 1_000_000
     assert api.patch(f"/api/v1/rules/{rule['id']}/", {"priority": rule["priority"]}, format="json").status_code == 200
+
+
+@pytest.mark.parametrize("typed", ["-1", "0"])
+def test_the_lowest_max_attempts_and_weight_are_said_as_1_whatever_was_typed(make_group, typed):
+    """-1 was answered "greater than or equal to 0", and 0 then "greater than or equal to 1":
+    a sales ops correcting as told was refused a second time."""
+    group, (rep,) = make_group(1, slug="emea")
+    client = staff(SALES_OPS)
+    url = f"/admin/rotation/group/{group.pk}/change/"
+    r = post_form(client, url, **{"max_attempts": typed, "memberships-0-weight": typed})
+    page = r.content.decode()
+    assert r.status_code == 200
+    assert page.count("Ensure this value is greater than or equal to 1.") == 2, page
+    assert "greater than or equal to 0" not in page
