@@ -86,7 +86,7 @@ class GroupPanel:
     queue_max: int = 0
     queue_points: list[tuple[datetime, int]] = field(default_factory=list)  # (end of each step, depth)
     queue_since: datetime | None = None  # where the first step begins
-    other_reps: int = 0  # assignments to reps no longer members
+    other_reps: int = 0  # assignments to reps not members now (given by hand, or removed since)
 
     @property
     def median_accept(self) -> str:

@@ -317,3 +317,21 @@ def test_the_lines_an_upload_logs_while_its_page_streams_carry_the_requests_id(
     assert f"The import stopped (OperationalError) after {BATCH_SIZE} rows" in page
     (stopped,) = [r for r in caplog.records if r.getMessage() == "lead import stopped"]
     assert stopped.request_id == "up-7"
+
+
+def test_leads_assigned_by_hand_to_a_rep_outside_the_group_are_not_said_to_be_of_a_former_member(
+    admin_client, make_group, post_lead
+):
+    """A manager may give a lead to a rep who is not in its group (audited as such). The panel
+    counted those as "assignments to reps no longer in the group": a manager reads that a
+    member was removed, when none was."""
+    from leads import actions
+    from tests.factories import RepFactory
+
+    make_group(1, slug="emea")
+    outsider = RepFactory()
+    lead_id = post_lead(group="emea").json()["id"]
+    actions.lead_reassign(lead_id=lead_id, rep_id=outsider.pk, reason="covering", actor="test")
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert "no longer in the group" not in html
+    assert "1 assignment to reps who are not members of the group" in html
