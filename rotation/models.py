@@ -67,7 +67,9 @@ class Group(models.Model):
         "(otherwise queue the lead for the owner).",
     )
     auto_pause_after_misses = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Pause a rep in this group after this many consecutive SLA misses."
+        null=True,
+        blank=True,
+        help_text="Pause a rep in this group after this many consecutive SLA misses (empty or 0: never).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
