@@ -16,6 +16,7 @@ from rotation.models import Membership, RotationState
 from routing_project import metrics
 from tests.conftest import lead_body
 from tests.factories import GroupFactory, RepFactory, api_client_with
+from tests.leads.test_bulk_import import rotation_row_held
 from tests.leads.test_concurrency import http_client, post, run_threads
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("concurrency")]
@@ -119,6 +120,27 @@ def test_a_batch_never_holds_two_leads_of_one_email(make_group):
     assert all(body["duplicate_of"] == first[body["email"].lower()] for status, body in results if status == 200)
 
 
+def first_batch_held(monkeypatch) -> tuple[threading.Event, threading.Event, list[int]]:
+    """Holds the process's first intake batch until `gate` is set (`entered` says it is held),
+    so that the requests sent meanwhile queue up and form the next batch; `sizes` collects
+    each batch's size."""
+    gate, entered = threading.Event(), threading.Event()
+    real_batch = services._intake_batch
+    sizes: list[int] = []
+
+    def slow_batch(jobs):
+        sizes.append(len(jobs))
+        if not entered.is_set():
+            entered.set()
+            gate.wait(10)
+        real_batch(jobs)
+
+    monkeypatch.setattr(
+        services, "_combiner_instance", batching.Combiner(slow_batch, max_batch=32, key=lambda j: j.email_normalized)
+    )
+    return gate, entered, sizes
+
+
 def test_a_failing_batch_routes_its_leads_one_by_one(make_group, monkeypatch):
     """A batch whose shared transaction fails for another reason than a busy rotation is
     routed again lead by lead, each in its own transaction: nothing half-written, no lead
@@ -136,19 +158,7 @@ def test_a_failing_batch_routes_its_leads_one_by_one(make_group, monkeypatch):
         return real(jobs)
 
     monkeypatch.setattr(services, "_intake_locked_many", fail_first)
-    # Hold the combiner busy so that the next requests queue up and form one batch.
-    gate, entered = threading.Event(), threading.Event()
-    real_batch = services._intake_batch
-
-    def slow_batch(jobs):
-        if not entered.is_set():
-            entered.set()
-            gate.wait(10)
-        real_batch(jobs)
-
-    monkeypatch.setattr(
-        services, "_combiner_instance", batching.Combiner(slow_batch, max_batch=32, key=lambda j: j.email_normalized)
-    )
+    gate, entered, _sizes = first_batch_held(monkeypatch)
 
     def worker(i: int):
         if i > 0:
@@ -266,35 +276,7 @@ def test_a_busy_rotation_refuses_only_its_own_leads_in_a_batch(make_group, setti
     busy, _ = make_group(2, slug="busy")
     make_group(2, slug="free")
     _client, token = api_client_with(["intake"])
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                RotationState.objects.select_for_update().get(group=busy)
-                locked.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert locked.wait(10)
-    # Hold the combiner busy so that the next requests queue up and form one batch.
-    gate, entered = threading.Event(), threading.Event()
-    real_batch = services._intake_batch
-    sizes: list[int] = []
-
-    def slow_batch(jobs):
-        sizes.append(len(jobs))
-        if not entered.is_set():
-            entered.set()
-            gate.wait(10)
-        real_batch(jobs)
-
-    monkeypatch.setattr(
-        services, "_combiner_instance", batching.Combiner(slow_batch, max_batch=32, key=lambda j: j.email_normalized)
-    )
+    gate, entered, sizes = first_batch_held(monkeypatch)
 
     def worker(i: int):
         if i > 0:
@@ -305,13 +287,12 @@ def test_a_busy_rotation_refuses_only_its_own_leads_in_a_batch(make_group, setti
         r = post(http_client(token), {"email": f"b{i}@batch.example", "group": group})
         return group, r.status_code, r.get("Retry-After")
 
-    try:
-        outcomes = run_threads(7, worker)
-    finally:
-        gate.set()
-        release.set()
-        holder.join(10)
-        connections.close_all()
+    with rotation_row_held(busy):
+        try:
+            outcomes = run_threads(7, worker)
+        finally:
+            gate.set()
+    connections.close_all()
     assert max(sizes) > 1  # the busy and the free group's leads did share a batch
     assert sorted(o for o in outcomes if o[0] == "busy") == [("busy", 503, "1")] * 3
     assert [o[1] for o in outcomes if o[0] == "free"] == [201] * 4
@@ -329,20 +310,6 @@ def test_a_request_waiting_behind_a_busy_batch_is_answered_within_its_lock_timeo
     settings.ROUTING_LOCK_TIMEOUT_MS = 1000
     busy, _ = make_group(2, slug="busy")
     _client, token = api_client_with(["intake"])
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                RotationState.objects.select_for_update().get(group=busy)
-                locked.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert locked.wait(10)
 
     def worker(i: int):
         if i > 0:
@@ -351,12 +318,9 @@ def test_a_request_waiting_behind_a_busy_batch_is_answered_within_its_lock_timeo
         r = post(http_client(token), {"email": f"w{i}@batch.example", "group": "busy"})
         return r.status_code, time.monotonic() - started
 
-    try:
+    with rotation_row_held(busy):
         outcomes = run_threads(4, worker)
-    finally:
-        release.set()
-        holder.join(10)
-        connections.close_all()
+    connections.close_all()
     assert [status for status, _ in outcomes] == [503] * 4
     assert max(elapsed for _, elapsed in outcomes) < 1.5, outcomes  # not 1.8 s: 0.2 s early + 1 s + 1 s
     assert not Lead.objects.exists()
@@ -369,16 +333,7 @@ def test_a_request_behind_another_waiter_gets_its_503_after_one_lock_timeout(mak
     settings.ROUTING_LOCK_TIMEOUT_MS = 1000
     busy, _ = make_group(2, slug="busy")
     _client, token = api_client_with(["intake"])
-    locked, release, queued = threading.Event(), threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                RotationState.objects.select_for_update().get(group=busy)
-                locked.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
+    queued = threading.Event()
 
     def wait_a_while() -> None:  # another waiter for the row, ahead of the request, gives up at 0.6 s
         try:
@@ -391,20 +346,15 @@ def test_a_request_behind_another_waiter_gets_its_503_after_one_lock_timeout(mak
         finally:
             connections.close_all()
 
-    holder, other = threading.Thread(target=hold), threading.Thread(target=wait_a_while)
-    holder.start()
-    assert locked.wait(10)
-    other.start()
-    assert queued.wait(10)
-    time.sleep(0.1)
-    try:
+    other = threading.Thread(target=wait_a_while)
+    with rotation_row_held(busy):
+        other.start()
+        assert queued.wait(10)
+        time.sleep(0.1)
         started = time.monotonic()
         r = post(http_client(token), {"email": "late@batch.example", "group": "busy"})
         elapsed = time.monotonic() - started
-    finally:
-        release.set()
-        holder.join(10)
-        other.join(10)
+    other.join(10)
     assert (r.status_code, r["Retry-After"]) == (503, "1")
     assert elapsed < 1.3, elapsed  # not 1.5 s: 0.5 s behind the other waiter, then 1 s again
     assert not Lead.objects.exists()

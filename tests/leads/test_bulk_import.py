@@ -487,7 +487,7 @@ def row_held(lock: Callable[[], object]) -> Iterator[threading.Event]:
             with transaction.atomic():
                 lock()
                 held.set()
-                release.wait(10)
+                release.wait(30)
         finally:
             connection.close()
 

@@ -185,18 +185,17 @@ def test_leads_cannot_be_added_or_deleted_in_the_admin(staff, api, make_group):
     assert Lead.objects.filter(pk=lead_id).exists()
 
 
-def test_editing_an_absence_in_the_admin_is_audited_as_a_change_with_its_before(staff):
-    """The rep page's absence inline: an edited absence is a change (with the values before),
-    not a second "created" event for the same absence."""
+def absence_extended_on_the_rep_page(rep):
+    """An absence of `rep` (10 to 12 January 2030, 09:00 UTC) and the rep page's form data
+    that extends it to the 14th."""
     from datetime import UTC, datetime
 
     from rotation.models import Absence
 
-    rep = RepFactory(name="Edsger Dijkstra", email="edsger@example.com")
     absence = Absence.objects.create(
         rep=rep, starts_at=datetime(2030, 1, 10, 9, tzinfo=UTC), ends_at=datetime(2030, 1, 12, 9, tzinfo=UTC)
     )
-    form = {
+    return absence, {
         "name": rep.name,
         "email": rep.email,
         "timezone": rep.timezone,
@@ -211,6 +210,15 @@ def test_editing_an_absence_in_the_admin_is_audited_as_a_change_with_its_before(
         "absences-0-ends_at_1": "09:00:00",
         "absences-0-reason": "holiday (extended)",
     }
+
+
+def test_editing_an_absence_in_the_admin_is_audited_as_a_change_with_its_before(staff):
+    """The rep page's absence inline: an edited absence is a change (with the values before),
+    not a second "created" event for the same absence."""
+    from datetime import UTC, datetime
+
+    rep = RepFactory(name="Edsger Dijkstra", email="edsger@example.com")
+    absence, form = absence_extended_on_the_rep_page(rep)
     response = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form)
     assert response.status_code == 302, response.content[-3000:]
     absence.refresh_from_db()
@@ -636,29 +644,9 @@ def test_a_save_of_a_group_page_holding_a_member_removed_since_is_refused_and_sa
 
 
 def test_a_save_of_a_rep_page_holding_an_absence_removed_since_is_refused_and_said(staff):
-    from datetime import UTC, datetime
 
-    from rotation.models import Absence
-
-    rep = RepFactory()
-    absence = Absence.objects.create(
-        rep=rep, starts_at=datetime(2030, 1, 10, 9, tzinfo=UTC), ends_at=datetime(2030, 1, 12, 9, tzinfo=UTC)
-    )
-    form = {
-        "name": rep.name,
-        "email": rep.email,
-        "timezone": "UTC",
-        "active": "on",
-        "working_hours": "null",
-        **inline_management("absences", 1, 1),
-        "absences-0-id": str(absence.pk),
-        "absences-0-rep": str(rep.pk),
-        "absences-0-starts_at_0": "2030-01-10",
-        "absences-0-starts_at_1": "09:00:00",
-        "absences-0-ends_at_0": "2030-01-14",
-        "absences-0-ends_at_1": "09:00:00",
-        "absences-0-reason": "holiday (extended)",
-    }
+    rep = RepFactory(timezone="UTC")
+    absence, form = absence_extended_on_the_rep_page(rep)
     absence.delete()
     r = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form, follow=True)
     assert "removed by someone else since the page was read" in r.content.decode()
