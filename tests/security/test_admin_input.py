@@ -228,6 +228,31 @@ def test_an_account_domain_typed_with_a_final_dot_is_the_domain_leads_come_from(
     assert Account.objects.count() == 1
 
 
+def test_account_domains_stored_with_a_final_dot_lose_it_unless_taken(api, make_group):
+    from importlib import import_module
+
+    from django.apps import apps
+
+    from rotation.models import Account
+
+    group, (first, rep) = make_group(2, slug="accounts")  # the rotation would give `first`
+    Account.objects.bulk_create(  # as saved before the dot was dropped (bulk_create skips save())
+        [
+            Account(domain="acme.example.", owner=rep),
+            Account(domain="initech.example.", owner=rep),
+            Account(domain="initech.example", owner=rep),
+        ]
+    )
+    import_module("rotation.migrations.0008_account_domains_without_final_dot").forward(apps, None)
+    assert sorted(Account.objects.values_list("domain", flat=True)) == [
+        "acme.example",
+        "initech.example",
+        "initech.example.",  # its twin without the dot exists: left for sales ops to remove
+    ]
+    r = api.post("/api/v1/leads/", lead_body(email="jo@acme.example", group="accounts"), format="json")
+    assert r.status_code == 201 and r.json()["owner"]["id"] == rep.id
+
+
 def test_an_account_domain_of_a_dot_alone_is_a_form_error(make_group):
     from rotation.models import Account
 
