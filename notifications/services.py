@@ -326,6 +326,24 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             d.next_attempt_at = held
             d.save(update_fields=["next_attempt_at"])
             return (held - now).total_seconds()
+        if held is not None and d.endpoint is not None:
+            # The hold is over, and every delivery it held is due at once: one of them tries the
+            # endpoint (its row locked while it does, SKIP LOCKED), the others wait for that
+            # try's outcome instead of each holding a worker for the whole timeout again.
+            probe = list(
+                WebhookEndpoint.objects.select_for_update(skip_locked=True)
+                .filter(pk=d.endpoint.pk)
+                .values_list("unreachable_until", flat=True)
+            )
+            wait_until = None
+            if not probe:  # another delivery is trying it
+                wait_until = now + timedelta(seconds=settings.NOTIFY_WEBHOOK_TIMEOUT_S)
+            elif probe[0] is not None and probe[0] > now:  # that try got no answer either
+                wait_until = probe[0]
+            if wait_until is not None:
+                d.next_attempt_at = wait_until
+                d.save(update_fields=["next_attempt_at"])
+                return (wait_until - now).total_seconds()
         d.attempts += 1
         d.last_attempt_at = now
         # Where this attempt goes, as the log names it: an endpoint re-pointed since, or a rep's
@@ -368,6 +386,8 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
                 WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(
                     unreachable_until=now + timedelta(seconds=backoff_seconds(d.attempts))
                 )
+            elif held is not None and d.endpoint_id is not None:  # an answer, if an error: the hold is lifted
+                WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(unreachable_until=None)
             # What went wrong, without the error's text (an SMTP refusal names the address): the
             # HTTP status, else the kind of error. A delivery given up on is a warning.
             cause = type(exc.__cause__).__name__ if exc.__cause__ is not None else "no answer"

@@ -688,6 +688,64 @@ def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(m
             answering.set()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_once_the_hold_is_over_one_delivery_tries_the_endpoint_the_others_wait(make_group, settings):
+    """When an unreachable endpoint's hold ends, its held deliveries are all due at that same
+    instant: one of them tries the endpoint, the others wait for that try's outcome, without
+    spending an attempt or holding a worker each for the whole timeout."""
+    from django.db import connection
+
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_WEBHOOK_TIMEOUT_S = 1.0
+    group, reps = make_group(1)
+    hits: list[str] = []
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            hits.append(self.path)
+            release.wait(3)  # still hung, past the timeout
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with serving(Handler) as base:
+        try:
+            hung = WebhookEndpoint.objects.create(group=group, url=f"{base}/h")
+            ids = []
+            for lead_id in (7, 8):
+                with transaction.atomic():
+                    message = services.outbox_add(
+                        event="lead.assigned", lead_id=lead_id, group_id=group.id, rep_id=reps[0].id, payload={}
+                    )
+                ids += services.outbox_dispatch(message_id=message.id)
+            # Both held until now, as after an earlier try that got no answer.
+            WebhookEndpoint.objects.filter(pk=hung.pk).update(unreachable_until=timezone.now() - timedelta(seconds=1))
+
+            def probe() -> None:
+                try:
+                    services.delivery_attempt(delivery_id=ids[0])
+                finally:
+                    connection.close()
+
+            first = threading.Thread(target=probe)
+            first.start()
+            for _ in range(200):
+                if hits:
+                    break
+                threading.Event().wait(0.01)
+            assert hits == ["/h"]
+            wait = services.delivery_attempt(delivery_id=ids[1])
+            assert wait is not None and wait > 0
+            assert len(hits) == 1  # not sent while the first try is under way
+            assert Delivery.objects.get(pk=ids[1]).attempts == 0
+            first.join()
+            assert Delivery.objects.get(pk=ids[0]).attempts == 1
+        finally:
+            release.set()
+
+
 def test_a_repointed_endpoint_gets_the_retries_and_the_log_says_so(make_group, receiver, settings):
     """An endpoint given a new URL in the admin (the old receiver is down) takes the pending
     retries there: the delivery log names the address each delivery was last sent to."""
@@ -744,6 +802,26 @@ def test_an_http_error_answer_holds_nothing(make_group, receiver, settings):
         )
     [delivery_id] = services.outbox_dispatch(message_id=message.id)
     assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    endpoint.refresh_from_db()
+    assert endpoint.unreachable_until is None
+
+
+def test_an_http_error_answer_lifts_an_endpoints_hold(make_group, receiver, settings):
+    """An endpoint back after a spell without answers, answering with an error: an answer all
+    the same, so its deliveries are no longer held for one try at a time."""
+    settings.NOTIFY_REP_EMAIL = False
+    receiver.statuses = [503]
+    group, reps = make_group(1)
+    endpoint = WebhookEndpoint.objects.create(
+        group=group, url=receiver.url, unreachable_until=timezone.now() - timedelta(seconds=1)
+    )
+    with transaction.atomic():
+        message = services.outbox_add(
+            event="lead.assigned", lead_id=7, group_id=group.id, rep_id=reps[0].id, payload={}
+        )
+    [delivery_id] = services.outbox_dispatch(message_id=message.id)
+    assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    assert len(receiver.requests) == 1
     endpoint.refresh_from_db()
     assert endpoint.unreachable_until is None
 
