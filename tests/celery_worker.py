@@ -67,6 +67,9 @@ class Worker:
             "QUEUE_DRAIN_SWEEP_EVERY_S": "3600",
             "CONN_MAX_AGE": "0",
             "PYTHONUNBUFFERED": "1",
+            # The worker's e-mails (file backend) in this test's directory, not in var/mail/
+            # beside the ones `make run` writes for a developer to read.
+            "EMAIL_FILE_PATH": str(self.tmp / "mail"),
             **self.extra_env,
         }
         cmd = [
