@@ -211,7 +211,7 @@ def outbox_dispatch(*, message_id: int) -> list[int]:
     now = timezone.now()
     with transaction.atomic():
         message = (
-            OutboxMessage.objects.select_for_update(skip_locked=True)
+            OutboxMessage.objects.select_for_update(skip_locked=True, no_key=True)
             .filter(pk=message_id, dispatched_at__isnull=True)
             .first()
         )
@@ -230,7 +230,7 @@ def outbox_dispatch_pending(*, older_than_s: float = 0.0, limit: int = 500) -> i
     now = timezone.now()
     with transaction.atomic():
         messages = list(
-            OutboxMessage.objects.select_for_update(skip_locked=True)
+            OutboxMessage.objects.select_for_update(skip_locked=True, no_key=True)
             .filter(dispatched_at__isnull=True, created_at__lte=now - timedelta(seconds=older_than_s))
             .order_by("id")[:limit]
         )
@@ -329,9 +329,11 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         if held is not None and d.endpoint is not None:
             # The hold is over, and every delivery it held is due at once: one of them tries the
             # endpoint (its row locked while it does, SKIP LOCKED), the others wait for that
-            # try's outcome instead of each holding a worker for the whole timeout again.
+            # try's outcome instead of each holding a worker for the whole timeout again. FOR NO
+            # KEY UPDATE: new deliveries for the endpoint (their foreign key's share lock) are
+            # still written meanwhile, so the fan-out of other leads does not wait for the try.
             probe = list(
-                WebhookEndpoint.objects.select_for_update(skip_locked=True)
+                WebhookEndpoint.objects.select_for_update(skip_locked=True, no_key=True)
                 .filter(pk=d.endpoint.pk)
                 .values_list("unreachable_until", flat=True)
             )

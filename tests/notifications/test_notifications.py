@@ -6,6 +6,7 @@ import hmac
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -740,6 +741,15 @@ def test_once_the_hold_is_over_one_delivery_tries_the_endpoint_the_others_wait(m
             assert wait is not None and wait > 0
             assert len(hits) == 1  # not sent while the first try is under way
             assert Delivery.objects.get(pk=ids[1]).attempts == 0
+            # Another lead's fan-out writes its delivery for the endpoint meanwhile: the try's
+            # row lock does not hold the deliveries' foreign key check.
+            with transaction.atomic():
+                message = services.outbox_add(
+                    event="lead.assigned", lead_id=9, group_id=group.id, rep_id=reps[0].id, payload={}
+                )
+            started = time.monotonic()
+            assert len(services.outbox_dispatch(message_id=message.id)) == 1
+            assert time.monotonic() - started < 0.5 and first.is_alive()
             first.join()
             assert Delivery.objects.get(pk=ids[0]).attempts == 1
         finally:
