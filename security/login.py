@@ -1,9 +1,11 @@
 """Login throttling against password guessing, for every login that goes through Django's
 `authenticate()` (the admin and anything else).
 
-Failures are counted per (username, client address) and per client address in the shared
-rate-limit store (Redis). Past the limit, `authenticate()` refuses even the right password
-until the window ends, so guessing gets a handful of tries per quarter hour.
+Attempts are counted per (username, client address) and per client address in the shared
+rate-limit store (Redis), before the password is checked, and a login that succeeds takes its
+count back: so guesses sent together cannot all be checked before the first one fails. Past the
+limit, `authenticate()` refuses even the right password until the window ends, so guessing
+gets a handful of tries per quarter hour.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.backends import ModelBackend
-from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.contrib.auth.signals import user_logged_in
 from django.core.exceptions import PermissionDenied
 from django.dispatch import receiver
 from django.http import HttpRequest
 
-from security.ratelimit import rate_limit_count, rate_limit_hit, rate_limit_reset
+from security.ratelimit import rate_limit_count, rate_limit_hit, rate_limit_reset, rate_limit_undo
 
 WINDOW_S = 15 * 60
 
@@ -51,10 +53,23 @@ class ThrottledModelBackend(ModelBackend):
     ) -> Any:
         if username is None:
             username = kwargs.get("username", "")
-        if login_locked(username=username or "", request=request):
+        if username is None or password is None:
+            return super().authenticate(request, username=username, password=password, **kwargs)
+        # The attempt takes its place in the counts before the (slow) password check: checked
+        # first and counted after it failed, a burst of guesses all passed the check.
+        user_key, addr_key = _keys(username, request)
+        within_user = rate_limit_hit(key=user_key, limit=settings.LOGIN_FAILURES_PER_USER, window_s=WINDOW_S).allowed
+        within_addr = rate_limit_hit(key=addr_key, limit=settings.LOGIN_FAILURES_PER_ADDRESS, window_s=WINDOW_S).allowed
+        if not (within_user and within_addr):
+            if request is not None:
+                request.login_throttled = True  # type: ignore[attr-defined]  # the form says so
             # PermissionDenied stops authenticate() here: no other backend gets to try.
             raise PermissionDenied("Too many failed logins; try again later.")
-        return super().authenticate(request, username=username, password=password, **kwargs)
+        user = super().authenticate(request, username=username, password=password, **kwargs)
+        if user is not None:  # not a failure: its place is given back
+            rate_limit_undo(key=user_key, window_s=WINDOW_S)
+            rate_limit_undo(key=addr_key, window_s=WINDOW_S)
+        return user
 
 
 class ThrottledAdminAuthenticationForm(AdminAuthenticationForm):
@@ -70,18 +85,16 @@ class ThrottledAdminAuthenticationForm(AdminAuthenticationForm):
 
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username")
+        locked = forms.ValidationError(self.error_messages["locked"], code="locked", params={"minutes": WINDOW_S // 60})
         if username and login_locked(username=username, request=self.request):
-            raise forms.ValidationError(
-                self.error_messages["locked"], code="locked", params={"minutes": WINDOW_S // 60}
-            )
-        return super().clean()
-
-
-@receiver(user_login_failed)
-def _count_failure(sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any) -> None:
-    user_key, addr_key = _keys(str(credentials.get("username") or ""), request)
-    rate_limit_hit(key=user_key, limit=settings.LOGIN_FAILURES_PER_USER, window_s=WINDOW_S)
-    rate_limit_hit(key=addr_key, limit=settings.LOGIN_FAILURES_PER_ADDRESS, window_s=WINDOW_S)
+            raise locked
+        try:
+            return super().clean()
+        except forms.ValidationError:
+            # Refused by the backend: the limit was reached meanwhile (guesses sent together).
+            if getattr(self.request, "login_throttled", False):
+                raise locked from None
+            raise
 
 
 @receiver(user_logged_in)

@@ -118,6 +118,22 @@ def rate_limit_count(*, key: str, window_s: int = 60) -> int:
     return int(value or 0)
 
 
+def rate_limit_undo(*, key: str, window_s: int = 60) -> None:
+    """Takes back one hit counted on `key` in the current window (an attempt that turned out
+    not to count: a login that succeeded). Nothing when the window has none or the store is down."""
+    window = int(time.time() // window_s)
+    full_key = f"{_prefix()}:{key}:{window}"
+    client = _redis()
+    try:
+        if client is not None:
+            if time.monotonic() >= _state.down_until and int(client.get(full_key) or 0) > 0:
+                client.decr(full_key)
+        else:
+            cache.decr(full_key)
+    except Exception:  # noqa: S110 - a missing key (the window ended) or a store down: nothing to take back
+        pass
+
+
 def rate_limit_reset(*, key: str, window_s: int = 60) -> None:
     window = int(time.time() // window_s)
     full_key = f"{_prefix()}:{key}:{window}"

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 import uuid
 from html.parser import HTMLParser
 
 import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import Group as AuthGroup
 from django.contrib.auth.models import User
+from django.db import connections
 from django.test import Client
 
 from audit.models import AuditEvent
@@ -227,6 +230,53 @@ def test_admin_login_is_throttled_against_guessing(settings):
     assert b"Too many failed logins" in page.content and b"correct username and password" not in page.content
     # ... while the same user from elsewhere is not.
     assert login("the-right-password", addr="10.255.255.254")
+
+
+class CountingHasher(PBKDF2PasswordHasher):
+    checked = 0
+
+    def verify(self, password: str, encoded: str) -> bool:
+        CountingHasher.checked += 1
+        return super().verify(password, encoded)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_guesses_cannot_outrun_the_login_throttle(settings):
+    # A burst of guesses sent together: each is counted before its password is checked, so no
+    # more than the limit are checked, however many arrive before the first one fails.
+    settings.LOGIN_FAILURES_PER_USER = 3
+    settings.PASSWORD_HASHERS = [f"{__name__}.CountingHasher"]  # PBKDF2: slow, as in production
+    CountingHasher.checked = 0
+    name = f"ops-{uuid.uuid4().hex[:8]}"
+    User.objects.create_user(name, password="the-right-password", is_staff=True)
+    address = f"10.{random.randint(0, 255)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+    barrier = threading.Barrier(8)
+    answered: list[bytes] = []
+
+    def guess(i: int) -> None:
+        try:
+            barrier.wait()
+            page = Client(REMOTE_ADDR=address).post(
+                "/admin/login/?next=/admin/", {"username": name, "password": f"guess-{i}"}
+            )
+            answered.append(page.content)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=guess, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert CountingHasher.checked <= 3
+    # Those refused are told the login is locked, not to check a password nobody checked.
+    assert sum(b"Too many failed logins" in page for page in answered) >= 8 - CountingHasher.checked
+    # A login that succeeds gives its place back: it does not count against the address.
+    settings.LOGIN_FAILURES_PER_ADDRESS = 2
+    for _ in range(3):
+        client = Client(REMOTE_ADDR="10.255.255.253")
+        client.post("/admin/login/?next=/admin/", {"username": name, "password": "the-right-password"})
+        assert "_auth_user_id" in client.session
 
 
 @pytest.mark.parametrize(("role", "allowed"), [(MANAGERS, True), (SALES_OPS, False), (AUDITORS, False)])
