@@ -143,7 +143,6 @@ if kid == 0:
     signal.signal(signal.SIGTERM, lambda n, f: (out.write(f"pool {{os.getpid()}} got {{n}}\\n"), os._exit(1)))
     while True:
         time.sleep(0.1)
-out.write(f"started {{os.getpid()}} {{kid}}\\n")
 
 
 def stop(n, f):
@@ -156,6 +155,7 @@ def stop(n, f):
 
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
+out.write(f"started {{os.getpid()}} {{kid}}\\n")  # ready for its signal (the test sends it then)
 while True:
     time.sleep(0.1)
 """
