@@ -689,6 +689,7 @@ def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(m
             answering.set()
 
 
+@pytest.mark.postgres  # row locks of two connections (SKIP LOCKED, FOR NO KEY UPDATE)
 @pytest.mark.django_db(transaction=True)
 def test_once_the_hold_is_over_one_delivery_tries_the_endpoint_the_others_wait(make_group, settings):
     """When an unreachable endpoint's hold ends, its held deliveries are all due at that same
