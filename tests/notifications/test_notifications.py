@@ -628,6 +628,39 @@ def test_endpoints_created_pointed_elsewhere_or_rotated_in_the_admin_are_audited
     assert endpoint.secret not in str([e.explanation for e in events])
 
 
+def dispatched(group, rep, lead_ids: list[int]) -> list[int]:
+    """A `lead.assigned` outbox message per lead id, each fanned out: the deliveries' ids."""
+    ids: list[int] = []
+    for lead_id in lead_ids:
+        with transaction.atomic():
+            message = services.outbox_add(
+                event="lead.assigned", lead_id=lead_id, group_id=group.id, rep_id=rep.id, payload={}
+            )
+        ids += services.outbox_dispatch(message_id=message.id)
+    return ids
+
+
+def hanging_handler(hits: list[str], release: threading.Event, *, wait_s: float, then_answer: bool):
+    """A receiver that records each POST's path and hangs until `release` is set (at most
+    `wait_s`), then answers 200 or, with `then_answer` false, closes without an answer."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            hits.append(self.path)
+            if not release.is_set():
+                release.wait(wait_s)  # hung, past the timeout
+            if then_answer:
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return Handler
+
+
 def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(make_group, receiver, settings):
     """A receiver that hangs holds a worker for the whole timeout on every send: after one send
     it did not answer, its other deliveries wait (no attempt spent, no worker held) while other
@@ -639,30 +672,11 @@ def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(m
     hits: list[str] = []
     answering = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            hits.append(self.path)
-            if not answering.is_set():
-                answering.wait(2)  # hung, past the timeout
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args) -> None:
-            pass
-
-    with serving(Handler) as base:
+    with serving(hanging_handler(hits, answering, wait_s=2, then_answer=True)) as base:
         try:
             hung = WebhookEndpoint.objects.create(group=group, url=f"{base}/h")
             WebhookEndpoint.objects.create(group=group, url=receiver.url)
-            ids = []
-            for lead_id in (7, 8):
-                with transaction.atomic():
-                    message = services.outbox_add(
-                        event="lead.assigned", lead_id=lead_id, group_id=group.id, rep_id=reps[0].id, payload={}
-                    )
-                ids += services.outbox_dispatch(message_id=message.id)
+            ids = dispatched(group, reps[0], [7, 8])
             to_hung = [i for i in ids if Delivery.objects.get(pk=i).endpoint_id == hung.id]
             to_healthy = [i for i in ids if i not in to_hung]
 
@@ -703,25 +717,10 @@ def test_once_the_hold_is_over_one_delivery_tries_the_endpoint_the_others_wait(m
     hits: list[str] = []
     release = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            hits.append(self.path)
-            release.wait(3)  # still hung, past the timeout
-
-        def log_message(self, *args) -> None:
-            pass
-
-    with serving(Handler) as base:
+    with serving(hanging_handler(hits, release, wait_s=3, then_answer=False)) as base:
         try:
             hung = WebhookEndpoint.objects.create(group=group, url=f"{base}/h")
-            ids = []
-            for lead_id in (7, 8):
-                with transaction.atomic():
-                    message = services.outbox_add(
-                        event="lead.assigned", lead_id=lead_id, group_id=group.id, rep_id=reps[0].id, payload={}
-                    )
-                ids += services.outbox_dispatch(message_id=message.id)
+            ids = dispatched(group, reps[0], [7, 8])
             # Both held until now, as after an earlier try that got no answer.
             WebhookEndpoint.objects.filter(pk=hung.pk).update(unreachable_until=timezone.now() - timedelta(seconds=1))
 
@@ -744,12 +743,8 @@ def test_once_the_hold_is_over_one_delivery_tries_the_endpoint_the_others_wait(m
             assert Delivery.objects.get(pk=ids[1]).attempts == 0
             # Another lead's fan-out writes its delivery for the endpoint meanwhile: the try's
             # row lock does not hold the deliveries' foreign key check.
-            with transaction.atomic():
-                message = services.outbox_add(
-                    event="lead.assigned", lead_id=9, group_id=group.id, rep_id=reps[0].id, payload={}
-                )
             started = time.monotonic()
-            assert len(services.outbox_dispatch(message_id=message.id)) == 1
+            assert len(dispatched(group, reps[0], [9])) == 1
             assert time.monotonic() - started < 0.5 and first.is_alive()
             first.join()
             assert Delivery.objects.get(pk=ids[0]).attempts == 1
