@@ -92,10 +92,12 @@ class MembershipForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        # Left empty: a new member is appended, an existing one moves to the end.
         self.auto_position = cleaned.get("position") is None
-        group_id = self.instance.group_id if self.instance.pk is None else None
+        group_id = self.instance.group_id
         if self.auto_position and group_id is not None:
-            top = Membership.objects.filter(group_id=group_id).aggregate(m=Max("position"))["m"]
+            others = Membership.objects.filter(group_id=group_id).exclude(pk=self.instance.pk)
+            top = others.aggregate(m=Max("position"))["m"]
             if top is not None and top >= MAX_POSITION:
                 self.add_error("position", f"The last position is {MAX_POSITION:,}, the highest: give a free one.")
         if self.auto_position:
@@ -231,9 +233,10 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         formset.save(commit=False)
         for obj in formset.deleted_objects:
             services.membership_remove(membership=obj, actor=actor)
-        # Rows left to append go last, after every row given its place, so that they append
-        # after those places (appended first, one could take a position another row names).
-        forms = sorted(formset.forms, key=lambda f: f.instance.pk is None and getattr(f, "auto_position", False))
+        # Rows left to append (or to move to the end) go last, after every row given its place,
+        # so that they append after those places (appended first, one could take a position
+        # another row names).
+        forms = sorted(formset.forms, key=lambda f: getattr(f, "auto_position", False))
         for member_form in forms:
             obj = member_form.instance
             if member_form in formset.deleted_forms or not member_form.has_changed():
@@ -244,7 +247,12 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
                 services.membership_add(group=form.instance, rep=obj.rep, actor=actor, position=position, **fields)
             else:
                 try:
-                    services.membership_update(membership=obj, actor=actor, changed=member_form.changed_data)
+                    services.membership_update(
+                        membership=obj,
+                        actor=actor,
+                        changed=member_form.changed_data,
+                        to_end=getattr(member_form, "auto_position", False),
+                    )
                 except Membership.DoesNotExist:
                     self.message_user(
                         request,

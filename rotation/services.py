@@ -246,11 +246,15 @@ def _rotation_row_locked(group_id: int) -> RotationState | None:
     return RotationState.objects.select_for_update(no_key=True).filter(group_id=group_id).first()
 
 
-def next_position(group: Group) -> int:
+def next_position(group: Group, *, moved: Membership | None = None) -> int:
     """A joiner takes the next natural position: after the last member, and never before the
-    pointer, so that it is reached in the current cycle."""
+    pointer, so that it is reached in the current cycle. A member `moved` to the end is
+    placed after the others, as if it joined again."""
     state = _rotation_row_locked(group.pk)
-    top = Membership.objects.filter(group=group).aggregate(m=Max("position"))["m"]
+    others = Membership.objects.filter(group=group)
+    if moved is not None:
+        others = others.exclude(pk=moved.pk)
+    top = others.aggregate(m=Max("position"))["m"]
     after_last = 0 if top is None else top + 1
     position = max(after_last, state.pointer if state else 0)
     if position > MAX_POSITION:
@@ -279,10 +283,18 @@ def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None =
 
 
 @transaction.atomic
-def membership_update(*, membership: Membership, actor: str, changed: Iterable[str]) -> Membership:
+def membership_update(
+    *, membership: Membership, actor: str, changed: Iterable[str], to_end: bool = False
+) -> Membership:
+    """`to_end`: the member moves to the end of the rotation (the admin's position left
+    empty), placed as a joiner is."""
     # The member's row, as escalation takes it (under its routing locks), waited for no longer
     # than routing waits; removed meanwhile, the edit has nothing to write.
     set_lock_timeout()
+    if to_end:
+        # Under the rotation row's lock, taken before the member's row as routing takes them.
+        membership.position = next_position(membership.group, moved=membership)
+        changed = [*changed, "position"]
     # The member's row only: `first()` alone would order by the model's ordering, joining the
     # group's row and locking it FOR UPDATE too, against routing's lock order (a deadlock
     # with an escalation that holds the group's rows and waits for this member's).

@@ -2,10 +2,12 @@
 
 import pytest
 from django.db import connection
+from django.db.models import Max
 from django.test.utils import CaptureQueriesContext
 
 from audit.models import AuditEvent
 from leads.models import Lead
+from rotation import services
 from rotation.models import Group, Membership
 from tests.conftest import lead_body
 from tests.factories import RepFactory
@@ -360,6 +362,26 @@ def test_an_existing_member_rows_rep_cannot_be_swapped_in_the_admin(staff, make_
     ma.refresh_from_db()
     assert ma.rep_id == a.pk
     assert not Membership.objects.filter(group=group, rep=other).exists()
+
+
+def test_an_existing_member_whose_position_is_emptied_moves_to_the_end_of_the_rotation(staff, make_group):
+    """The admin says "leave empty to append at the end". An existing member's row emptied was
+    saved at the form's placeholder position (1,000,000,000), past the highest position the API
+    and the admin take, so that no member could be appended to the group any more."""
+    group, (a, b, c) = make_group(3, slug="emea")
+    members = list(Membership.objects.filter(group=group).order_by("position"))
+    data = _member_rows(group, members)
+    data["memberships-0-position"] = ""
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 302, r.content.decode()[-2000:]
+    positions = dict(Membership.objects.filter(group=group).values_list("rep_id", "position"))
+    assert positions == {b.pk: 1, c.pk: 2, a.pk: 3}
+    event = AuditEvent.objects.filter(type="membership.changed", rep_id=a.pk).last()
+    assert event.actor == "admin:ops"
+    assert event.explanation["before"] == {"position": 0} and event.explanation["changes"] == {"position": 3}
+    # The group still takes joiners, appended after it.
+    services.membership_add(group=group, rep=RepFactory(), actor="test")
+    assert Membership.objects.filter(group=group).aggregate(m=Max("position"))["m"] == 4
 
 
 def test_a_new_member_row_past_the_highest_position_is_a_form_error(staff, make_group):
