@@ -29,6 +29,8 @@ from django.core.mail import send_mail
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.models import AuditEvent
+from audit.services import Event
 from rotation.models import Rep
 from routing_project.bulkdb import rows_insert
 
@@ -49,6 +51,22 @@ class DeliveryError(Exception):
 
 
 # --- writing the outbox (inside the caller's transaction) -----------------------------------
+
+
+def group_endpoints_deleted(group_id: int, slug: str, actor: str) -> list[Event]:
+    """The `client.changed` events of a group's webhook endpoints, which go with the group (the
+    foreign key cascades): where its leads were sent, and who stopped it, as when an endpoint
+    is deleted by hand."""
+    endpoints = WebhookEndpoint.objects.filter(group_id=group_id).order_by("id").values_list("pk", "url")
+    return [
+        Event(
+            AuditEvent.Type.CLIENT_CHANGED,
+            actor,
+            group=slug,
+            explanation={"webhook_endpoint": pk, "change": "deleted", "url": url, "because": "group deleted"},
+        )
+        for pk, url in endpoints
+    ]
 
 
 def outbox_add(

@@ -1,10 +1,13 @@
-"""Callbacks run after commit when a configuration change frees capacity in groups.
+"""Callbacks run after commit when a configuration change frees capacity in groups, and the
+trail of what goes with a deleted group.
 
 `rotation` must not import `leads` (imports run leads -> rotation -> audit), yet a rep coming
 back, un-paused, joining or getting a higher cap must drain the group's fallback queue. The
 leads app registers its drain here at startup (`LeadsConfig.ready`); rotation's services call
 `capacity_freed(...)` inside their transaction, and the callbacks run once it commits.
-No Django signals: the call sites are explicit and greppable.
+Likewise the apps whose rows a group's delete takes with it (its webhook endpoints) say here
+what the trail must record of them (`group_deleting`). No Django signals: the call sites are
+explicit and greppable.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from typing import Any
 
 from django.db import transaction
 
+from audit.services import Event
+
 logger = logging.getLogger(__name__)
 
 CapacityCallback = Callable[[list[int]], None]
 _callbacks: list[CapacityCallback] = []
 LaterCallback = Callable[[list[int], datetime], None]
 _later: list[LaterCallback] = []
+DeletingCallback = Callable[[int, str, str], list[Event]]
+_deleting: list[DeletingCallback] = []
 
 
 def on_capacity_freed(callback: CapacityCallback) -> None:
@@ -45,6 +52,19 @@ def capacity_frees_at(*, group_ids: Iterable[int], at: datetime) -> None:
     """Capacity that time alone will free (an absence ending at `at`): the registered
     callbacks run after the current transaction commits, with `at`."""
     _after_commit(_later, group_ids, at)
+
+
+def on_group_deleting(callback: DeletingCallback) -> None:
+    """Registers `callback(group_id, slug, actor)`, returning the audit events of its rows that
+    go with the group; registering the same callback twice is a no-op."""
+    if callback not in _deleting:
+        _deleting.append(callback)
+
+
+def group_deleting(*, group_id: int, slug: str, actor: str) -> list[Event]:
+    """The audit events of the rows a group's delete takes with it, read before it (inside its
+    transaction)."""
+    return [event for callback in _deleting for event in callback(group_id, slug, actor)]
 
 
 def _after_commit(callbacks: list[Any], group_ids: Iterable[int], *args: Any) -> None:

@@ -21,7 +21,7 @@ from audit.services import Event, audit_record, audit_record_many
 from routing_project.db import set_lock_timeout
 
 from .domains import domain_unicode
-from .hooks import capacity_freed, capacity_frees_at
+from .hooks import capacity_freed, capacity_frees_at, group_deleting
 from .models import Absence, Account, Group, Membership, Rep, RotationState, RoutingRule
 
 
@@ -176,10 +176,12 @@ def group_delete(*, group: Group, actor: str) -> None:
     _rotation_row_locked(group.pk)
     # Each member's trail ends with leaving the group, as when removed one by one.
     removed = [(slug, m) for m in Membership.objects.filter(group=group).order_by("position")]
+    # Its webhook endpoints go with it (the foreign key cascades): their trails end here too.
+    ended = group_deleting(group_id=group.pk, slug=slug, actor=actor)
     before = {"before": _values(group, _field_names(group))}
     group.delete()
     deleted = Event(AuditEvent.Type.GROUP_CHANGED, actor, group=slug, explanation={"action": "deleted", **before})
-    audit_record_many(events=[deleted, *_removals(removed, actor=actor, because="group deleted")])
+    audit_record_many(events=[deleted, *_removals(removed, actor=actor, because="group deleted"), *ended])
 
 
 # --- reps ------------------------------------------------------------------------------------

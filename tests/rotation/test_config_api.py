@@ -3,6 +3,7 @@
 import pytest
 
 from audit.models import AuditEvent
+from notifications.models import WebhookEndpoint
 from rotation import services
 from rotation.models import Group, Membership, Rep, RotationState
 from tests.conftest import lead_body
@@ -205,6 +206,23 @@ def test_deleting_a_group_ends_each_members_trail(api, make_group):
     assert api.delete("/api/v1/groups/gone/").status_code == 204
     removed = AuditEvent.objects.filter(type="membership.changed", group="gone", explanation__action="removed")
     assert sorted(e.rep_id for e in removed) == sorted(r.pk for r in reps)
+
+
+def test_deleting_a_group_ends_its_webhook_endpoints_trail(api, make_group):
+    """The group's webhook endpoints go with it: where its leads were sent stops being a
+    receiver, and the trail says so (and from where), as when an endpoint is deleted by hand."""
+    group, _ = make_group(1, slug="gone")
+    endpoint = WebhookEndpoint.objects.create(group=group, url="https://crm.example/hook")
+    assert api.delete("/api/v1/groups/gone/").status_code == 204
+    assert not WebhookEndpoint.objects.filter(pk=endpoint.pk).exists()
+    event = AuditEvent.objects.get(type="client.changed", group="gone")
+    assert event.actor.startswith("api:")
+    assert event.explanation == {
+        "webhook_endpoint": endpoint.pk,
+        "change": "deleted",
+        "url": "https://crm.example/hook",
+        "because": "group deleted",
+    }
 
 
 @pytest.mark.parametrize(
