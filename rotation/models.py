@@ -84,6 +84,17 @@ class Group(models.Model):
     def __str__(self) -> str:
         return self.slug
 
+    def clean(self) -> None:
+        # Integrations post leads to a slug and the audit trail is filed under it: "EMEA" beside
+        # "emea" would be two territories no one tells apart. Checked when the group is made
+        # (its slug is fixed then), so that a group saved before keeps its edits.
+        if self._state.adding and self.slug:
+            taken = Group.objects.filter(slug__iexact=self.slug).exclude(slug=self.slug).first()
+            if taken is not None:
+                raise ValidationError(
+                    {"slug": [f"A group with this slug already exists in another case ('{taken.slug}')."]}
+                )
+
 
 class Rep(models.Model):
     name = models.CharField(max_length=200)

@@ -55,6 +55,23 @@ def test_group_validation(api, body, field):
     assert not Group.objects.exists()
 
 
+def test_a_slug_taken_in_another_case_is_refused(api, client, django_user_model):
+    """Integrations post leads to a slug and the trail is filed under it: "EMEA" beside "emea"
+    would be two territories no one tells apart, each with half the leads."""
+    assert api.post("/api/v1/groups/", {"slug": "emea", "name": "EMEA"}, format="json").status_code == 201
+    r = api.post("/api/v1/groups/", {"slug": "EMEA", "name": "EMEA again"}, format="json")
+    assert r.status_code == 400 and "emea" in r.json()["slug"][0], r.content
+    client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw"))
+    form = {"slug": "Emea", "name": "x", "strategy": "round_robin", "timezone": "UTC", "max_attempts": "3"}
+    form.update({"dedup_days": "30", "memberships-TOTAL_FORMS": "0", "memberships-INITIAL_FORMS": "0"})
+    page = client.post("/admin/rotation/group/add/", form)
+    assert page.status_code == 200 and "already exists" in page.content.decode()
+    assert list(Group.objects.values_list("slug", flat=True)) == ["emea"]
+    assert AuditEvent.objects.filter(type="group.changed").count() == 1
+    # A group already saved keeps working, whatever else exists.
+    assert api.patch("/api/v1/groups/emea/", {"name": "Europe"}, format="json").status_code == 200
+
+
 def test_one_default_group_moves(api):
     api.post("/api/v1/groups/", {"slug": "a", "name": "A", "is_default": True}, format="json")
     api.post("/api/v1/groups/", {"slug": "b", "name": "B", "is_default": True}, format="json")
