@@ -480,6 +480,29 @@ def test_a_busy_rotation_leaves_the_drain_to_the_worker(api, make_group, publish
 
 
 @pytest.mark.django_db
+def test_the_sweep_drains_every_group_past_one_whose_rotation_is_busy(api, make_group, monkeypatch):
+    """The backstop sweep walks every group with queued leads: a group whose rotation is held
+    past the lock timeout (a hot group) is left to the next sweep, not the end of this one."""
+    from leads.routing import RoutingBusy
+
+    busy, _ = make_group(1, slug="hot")
+    calm, _ = make_group(1, slug="calm")
+    Membership.objects.filter(group__in=[busy, calm]).update(active=False)
+    waiting = [post(api, group="hot"), post(api, group="calm")]
+    Membership.objects.filter(group__in=[busy, calm]).update(active=True)  # no drain asked: time alone
+    drain = actions.queue_drain
+
+    def held(*, group_id, **kwargs):
+        if group_id == busy.id:
+            raise RoutingBusy("held")
+        return drain(group_id=group_id, **kwargs)
+
+    monkeypatch.setattr(actions, "queue_drain", held)
+    assert actions.queue_drain_all() == 1
+    assert [status(lead) for lead in waiting] == ["queued", "assigned"]
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(("max_open", "drained"), [(None, False), (5, True)])
 def test_an_escalation_asks_for_a_drain_only_when_it_frees_a_capped_place(
     api, make_group, monkeypatch, max_open, drained
