@@ -105,6 +105,32 @@ def test_the_sweep_counts_what_the_batches_escalated(api, make_group):
     assert all(len(escalated(row.lead_id)) == 1 for row in rows)
 
 
+def test_a_busy_group_costs_the_sweep_one_lock_wait_not_one_per_overdue_lead(api, make_group, settings, monkeypatch):
+    """A hot group whose rotation stays held past the lock timeout: the sweep waits for it once
+    and goes on to the other groups' overdue assignments; the next sweep looks at it again."""
+    from leads import routing
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 200
+    hot, _ = make_group(3, slug="hot", sla_minutes="10")
+    make_group(3, slug="calm", sla_minutes="10")
+    held = overdue_leads(api, "hot", 4)
+    (later,) = overdue_leads(api, "calm", 1)  # due after the hot group's four
+    waits: list[int] = []
+    lock = routing.lock_rotation
+
+    def counted(group_id: int):
+        waits.append(group_id)
+        return lock(group_id)
+
+    monkeypatch.setattr(routing, "lock_rotation", counted)
+    with rotation_row_held(hot):
+        tally = actions.escalation_sweep()
+    assert tally == {"busy": 4, "escalated": 1}
+    assert waits.count(hot.id) == 1
+    assert len(escalated(later.lead_id)) == 1 and not any(escalated(row.lead_id) for row in held)
+    assert actions.escalation_sweep() == {"escalated": 4, "done": 3}  # free again: the next sweep
+
+
 def test_a_batch_that_frees_capacity_drains_the_queue_once(api, make_group, monkeypatch):
     group, reps = make_group(4, slug="burst", sla_minutes="10")
     Membership.objects.filter(group=group).update(max_open=50)  # each miss frees a place
