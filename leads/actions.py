@@ -488,11 +488,15 @@ def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: lis
     return paused, member.max_open is not None and not paused
 
 
-def escalation_sweep(*, batch: int | None = None, now: datetime | None = None) -> dict[str, int]:
+def escalation_sweep(
+    *, batch: int | None = None, now: datetime | None = None, actor: str = "system:sweep"
+) -> dict[str, int]:
     """The safety net: escalates every overdue, open, unaccepted assignment (timer lost,
     broker down, worker killed). The scan uses the partial index `assignment_open_due_idx`;
     each escalation then locks in the usual order and skips leads another transaction holds
     (SKIP LOCKED): the timer or another sweep is already on it, and the next sweep looks again.
+    With `actor="system:sla"` it is the timer of a bulk import's batch (`scheduling.
+    batch_timer_schedule_on_commit`), whose assignments share their due time.
     """
     now = now or timezone.now()
     limit = batch or settings.ESCALATION_SWEEP_BATCH
@@ -513,7 +517,7 @@ def escalation_sweep(*, batch: int | None = None, now: datetime | None = None) -
             tally["busy"] = tally.get("busy", 0) + 1
             continue
         try:
-            result = lead_escalate(assignment_id=assignment_id, actor="system:sweep", skip_locked=True)
+            result = lead_escalate(assignment_id=assignment_id, actor=actor, skip_locked=True)
             outcome = result.outcome
             for other, n in (result.backlog or {}).items():
                 tally[other] = tally.get(other, 0) + n

@@ -55,7 +55,7 @@ from routing_project.api import json_loads_client
 from routing_project.bulkdb import ids_reserve, rows_insert, supports_copy
 from routing_project.db import set_lock_timeout
 
-from . import notify, ownership, routing
+from . import notify, ownership, routing, scheduling
 from .api.serializers import LeadInSerializer
 from .models import DEDUP_STATUSES, Assignment, Lead, LeadStatus
 from .services import CONTACT_FIELDS, Resolution, active_rules, normalize_email
@@ -712,6 +712,7 @@ def _route_batch_locked(
             for lead in assigned
         ],
     )
+    scheduling.batch_timer_schedule_on_commit(due_times=[lead.values["sla_due_at"] for lead in assigned])
     for turn in turns.values():
         if turn.assigned:
             turn.state.turns += turn.assigned

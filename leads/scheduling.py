@@ -31,6 +31,7 @@ from django.utils import timezone
 logger = logging.getLogger(__name__)
 
 ESCALATE_TASK = "leads.tasks.escalate_assignment"
+ESCALATE_DUE_TASK = "leads.tasks.escalate_due"
 DRAIN_TASK = "leads.tasks.drain_group"
 
 _breaker = threading.Lock()
@@ -79,6 +80,23 @@ def timer_schedule_on_commit(*, assignment_id: int, due_at: datetime | None) -> 
     if due_at is None or not within_horizon(due_at):
         return  # none, or `escalation_arm` publishes it when it comes within the horizon
     transaction.on_commit(lambda: timer_publish(assignment_id=assignment_id, due_at=due_at))
+
+
+def batch_timer_schedule_on_commit(*, due_times: Iterable[datetime | None]) -> None:
+    """The SLA timers of a bulk import's batch, once it commits: one task per due time
+    within the horizon (a batch's assignments share it), which escalates whatever is due
+    then. Not one per assignment: a file of short-SLA leads would fill the worker with
+    timers. Later due times are armed one by one by `escalation_arm`; this covers the ones
+    due before its next window, which it would never publish."""
+    dues = sorted({due for due in due_times if due is not None and within_horizon(due)})
+    if dues:
+        transaction.on_commit(lambda: _batch_timers_publish(dues))
+
+
+def _batch_timers_publish(dues: list[datetime]) -> None:
+    for due in dues:
+        if not publish(ESCALATE_DUE_TASK, args=[], eta=due, expires=due + timedelta(hours=1)):
+            return  # the broker is down: the sweep escalates them
 
 
 def drain_schedule_on_commit(*, group_ids: Iterable[int | None]) -> None:

@@ -56,6 +56,16 @@ def escalation_sweep() -> dict[str, int]:
 
 
 @shared_task(ignore_result=True)
+def escalate_due() -> dict[str, int]:
+    """The SLA timer of a bulk import's batch (its assignments share one due time): escalates
+    what is due then, as their own timers would."""
+    tally = actions.escalation_sweep(actor="system:sla")
+    if tally:
+        logger.info("escalation timer of an import batch: %s", tally)
+    return tally
+
+
+@shared_task(ignore_result=True)
 def escalation_arm() -> int:
     """Beat: publishes the timers of assignments now within the timer horizon."""
     return actions.escalation_arm()
