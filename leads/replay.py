@@ -6,7 +6,9 @@ What a replay takes from where:
 - the turns: every routing decision recorded in the audit trail in [since, until) (intake,
   bulk import, escalation, reroute, queue drain: each event whose explanation carries the
   decision), in the order they were taken; a queue drain's decision is no turn for a lead the
-  replay has already given a rep (in the replay it was never queued);
+  replay has already given a rep (in the replay it was never queued), and a reroute that picks
+  the rep the replay gave the lead to leaves it there without moving the rotation, as routing
+  does (`unchanged`);
 - the rotation's starting point per group: the pointer and weights recorded before the group's
   first decision in the window (the rotation row now, for a group with none);
 - availability at the time (rep inactive, paused, out of office, outside working hours or
@@ -327,7 +329,7 @@ def routing_replay(
     actual_in_window: Counter[tuple[str, int]] = Counter()
     baseline_cache: dict[tuple[str, Any, int, datetime | None], int] = {}
     changed = in_scope = 0
-    given: set[int] = set()  # the leads the replay has given a rep (their latest decision)
+    given: dict[int, tuple[str, int]] = {}  # the leads the replay has given a rep: group and rep
     queued_none = "(no group)"
 
     # Each group's first recorded decision in the window: the rotation stood there when the
@@ -415,6 +417,11 @@ def routing_replay(
                 moved = leads.get(turn["lead_id"] or 0)
                 owner = _account_owner(moved["email"]) if moved else None
             run = run_for(target)
+            # A reroute whose pick is the rep the replay gave the lead to in this group leaves
+            # the lead there and the rotation where it was, as routing does (`unchanged`).
+            lead_id: int | None = turn["lead_id"]
+            rerouted = turn["type"] == AuditEvent.Type.LEAD_REROUTED
+            holding = given.get(lead_id) if rerouted and lead_id is not None else None
             picked = _replay_turn(
                 run=run,
                 recorded={c["rep"]: c for c in ex.get("candidates", [])} if same_group else {},
@@ -422,14 +429,15 @@ def routing_replay(
                 absences=absences,
                 counts=counts_for(run.config),
                 owner=owner,
+                holding=holding[1] if holding is not None and holding[0] == target else None,
             )
         if not drained_already:
             proposed[target or queued_none][picked] += 1
         if turn["lead_id"] is not None and not drained_already:
-            if picked is not None:
-                given.add(turn["lead_id"])
+            if picked is not None and target is not None:
+                given[turn["lead_id"]] = (target, picked)
             else:
-                given.discard(turn["lead_id"])
+                given.pop(turn["lead_id"], None)
         # For one group: the decisions routing took there, or the replay takes there.
         if group is None or group in (actual_group, target):
             in_scope += 1
@@ -491,10 +499,12 @@ def _replay_turn(
     absences: Mapping[int, list[tuple[datetime, datetime]]],
     counts: Counts,
     owner: int | None = None,
+    holding: int | None = None,
 ) -> int | None:
     """The member the decision goes to: as at intake (leads/ownership.py), the account `owner`
     when it is a member eligible then (the rotation does not move), else the rotation, or
-    nobody when the group keeps such leads for the owner."""
+    nobody when the group keeps such leads for the owner. A reroute that picks the member
+    `holding` the lead leaves it with them: nothing is given out, the rotation does not move."""
     g = run.config
     day = routing.day_start(at, g.timezone)
     candidates: list[strategies.Candidate] = []
@@ -541,7 +551,7 @@ def _replay_turn(
         if not g.owner_fallback:
             return None
     pick = strategies.pick(g.strategy, candidates, run.pointer, run.weights)
-    if pick.rep_id is not None:
+    if pick.rep_id is not None and pick.rep_id != holding:
         run.pointer = pick.pointer
         run.weights = pick.current_weights if g.strategy == Strategy.WEIGHTED else {}
     return pick.rep_id

@@ -238,6 +238,22 @@ def test_replay_of_a_reroute_to_the_account_owner_keeps_the_rotation_where_it_wa
     assert per_rep == {a.id: (2, 2), b.id: (1, 1), c.id: (2, 2)}
 
 
+def test_replay_of_a_reroute_that_leaves_the_lead_with_its_rep_keeps_the_rotation_where_it_was(api, make_group):
+    """A reroute whose pick is the rep who holds the lead gives nothing out and leaves the
+    pointer: a replay of the live configuration must not take a turn for it either."""
+    group, (a, b, c) = make_group(3, slug="pool")
+    first = post(api, "pool")
+    assert [post(api, "pool")["owner"]["id"] for _ in range(2)] == [b.id, c.id]
+    assert api.post(f"/api/v1/leads/{first['id']}/reroute/", {}, format="json").json()["owner"]["id"] == a.id
+    (event,) = [e for e in api.get(f"/api/v1/leads/{first['id']}/events/").json() if e["type"] == "lead.rerouted"]
+    assert event["explanation"]["unchanged"] is True
+    assert [post(api, "pool")["owner"]["id"] for _ in range(3)] == [a.id, b.id, c.id]
+    result = replay(api, group="pool")
+    per_rep, _ = counts(result, "pool")
+    assert result["changed"] == 0, result
+    assert all(actual == proposed for actual, proposed in per_rep.values()), per_rep
+
+
 def test_replay_with_a_changed_weight(api, make_group):
     group, (a, b) = make_group(2, slug="pool", strategy="weighted")
     for _ in range(20):
