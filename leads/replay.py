@@ -18,8 +18,11 @@ What a replay takes from where:
   working hours);
 - configuration (strategy, members and their weights, caps, rules): the current one, with the
   proposed overrides; each lead's group is resolved again by the active rules (or the proposed
-  ones), then its own group, then the default group; a proposed `active` overrides the
-  recorded pause; members that joined after a decision are not candidates for it;
+  ones), then its own group, then the default group, on the facts the lead had at the decision
+  (a country or a score edited since is undone from the edit's `lead.changed` event; the
+  attributes and the email, which those events do not hold, are read as they are now); a
+  proposed `active` overrides the recorded pause; members that joined after a decision are not
+  candidates for it;
 - counts for caps and least-loaded: the open/today counts routing read then (recorded when it
   needed them), shifted by how many more or fewer leads the replay has given each rep so far;
   without a record, today's count is rebuilt from assignments and the open count from leads
@@ -313,6 +316,31 @@ def routing_replay(
         "requested_group",
     ):
         leads[row["id"]] = dict(row)
+    # The routing facts each decision read: the lead's now, with the edits made after the
+    # decision undone (a PATCH records the facts it changed, before and after, and never moves
+    # the lead: its decisions stand on what the lead said then). Newest edit first.
+    edits: dict[int, list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
+    if turns:
+        for edited_lead, event_id, change in (
+            AuditEvent.objects.filter(type=AuditEvent.Type.LEAD_CHANGED, lead_id__in=ids, id__gt=turns[0]["id"])
+            .order_by("-id")
+            .values_list("lead_id", "id", "explanation")
+        ):
+            facts = change.get("facts") if isinstance(change, dict) else None
+            if edited_lead is not None and isinstance(facts, dict):
+                edits[edited_lead].append((event_id, facts))
+
+    def facts_then(lead_id: int, event_id: int) -> dict[str, Any]:
+        lead = leads[lead_id]
+        later = [facts for edited, facts in edits.get(lead_id, ()) if edited > event_id]
+        if not later:
+            return lead
+        then = dict(lead)
+        for facts in later:
+            for name, values in facts.items():
+                if name in then and isinstance(values, list) and len(values) == 2:
+                    then[name] = values[0]
+        return then
 
     absences: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
     for rep_id, starts, ends in Absence.objects.filter(starts_at__lt=until, ends_at__gt=since).values_list(
@@ -400,7 +428,7 @@ def routing_replay(
 
         target = actual_group
         if "group_source" in ex and turn["lead_id"] in leads:
-            lead = leads[turn["lead_id"]]
+            lead = facts_then(turn["lead_id"], turn["id"])
             match = match_rules(rules, lead_facts(lead))
             if match.rule is not None:
                 target = match.rule.group_slug

@@ -254,6 +254,29 @@ def test_replay_of_a_reroute_that_leaves_the_lead_with_its_rep_keeps_the_rotatio
     assert all(actual == proposed for actual, proposed in per_rep.values()), per_rep
 
 
+def test_replay_routes_each_decision_on_the_facts_the_lead_had_then(api, make_group):
+    """A lead's country edited after it was routed (PATCH never moves it) is no change of the
+    configuration: a replay of the live configuration still sends it where its facts sent it
+    then, and a reroute after the edit where the new facts send it."""
+    emea, (e1, e2) = make_group(2, slug="emea", is_default=True)
+    fr, (f1, f2) = make_group(2, slug="france")
+    rule = {"name": "FR", "priority": 1, "conditions": [{"field": "country", "op": "in", "value": ["FR"]}]}
+    assert api.post("/api/v1/rules/", {**rule, "group": "france"}, format="json").status_code == 201
+    moved = post(api, country="FR")
+    stays = post(api, country="FR")
+    assert moved["group"] == stays["group"] == "france"
+    for lead in (moved, stays):
+        assert api.patch(f"/api/v1/leads/{lead['id']}/", {"country": "DE"}, format="json").status_code == 200
+    assert api.post(f"/api/v1/leads/{moved['id']}/reroute/", {}, format="json").json()["group"] == "emea"
+    assert api.patch(f"/api/v1/leads/{moved['id']}/", {"country": "BE"}, format="json").status_code == 200
+    for country in ("FR", "DE", "FR"):
+        post(api, country=country)
+    result = replay(api)
+    assert result["changed"] == 0, result
+    assert counts(result, "france")[0] == {f1.id: (2, 2), f2.id: (2, 2)}
+    assert counts(result, "emea")[0] == {e1.id: (1, 1), e2.id: (1, 1)}
+
+
 def test_replay_with_a_changed_weight(api, make_group):
     group, (a, b) = make_group(2, slug="pool", strategy="weighted")
     for _ in range(20):
