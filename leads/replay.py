@@ -39,7 +39,7 @@ reproduces what routing did, turn by turn.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -299,6 +299,12 @@ def routing_replay(
             {"since": [f"The window holds more than {max_turns} routing decisions; narrow it or use replay_routing."]}
         )
     turns = list(events.order_by("id").values("id", "type", "at", "lead_id", "group", "rep_id", "explanation"))
+    # A manager's reassign takes no turn, but it is who holds the lead when a reroute comes.
+    reassigns = deque(
+        AuditEvent.objects.filter(type=AuditEvent.Type.LEAD_REASSIGNED, at__gte=since, at__lt=until)
+        .order_by("id")
+        .values_list("id", "lead_id", "group", "explanation")
+    )
 
     leads: dict[int, dict[str, Any]] = {}
     default_group = next((g.slug for g in Group.objects.filter(is_default=True)), None)
@@ -358,6 +364,7 @@ def routing_replay(
     baseline_cache: dict[tuple[str, Any, int, datetime | None], int] = {}
     changed = in_scope = 0
     given: dict[int, tuple[str, int]] = {}  # the leads the replay has given a rep: group and rep
+    seen: set[int] = set()  # the leads the replay has decided (or a manager reassigned) so far
     queued_none = "(no group)"
 
     # Each group's first recorded decision in the window: the rotation stood there when the
@@ -417,6 +424,12 @@ def routing_replay(
         return counts
 
     for turn in turns:
+        while reassigns and reassigns[0][0] < turn["id"]:
+            _, reassigned, slug, change = reassigns.popleft()
+            to_rep = change.get("to_rep") if isinstance(change, dict) else None
+            if reassigned is not None and slug and isinstance(to_rep, int):
+                given[reassigned] = (slug, to_rep)
+                seen.add(reassigned)
         ex: dict[str, Any] = turn["explanation"]
         at: datetime = turn["at"]
         actual_group = turn["group"] or None
@@ -448,8 +461,12 @@ def routing_replay(
             # A reroute whose pick is the rep the replay gave the lead to in this group leaves
             # the lead there and the rotation where it was, as routing does (`unchanged`).
             lead_id: int | None = turn["lead_id"]
-            rerouted = turn["type"] == AuditEvent.Type.LEAD_REROUTED
-            holding = given.get(lead_id) if rerouted and lead_id is not None else None
+            holding: tuple[str, int] | None = None
+            if turn["type"] == AuditEvent.Type.LEAD_REROUTED and lead_id is not None:
+                if lead_id in seen:
+                    holding = given.get(lead_id)
+                elif ex.get("from_group") and isinstance(ex.get("from_rep"), int):
+                    holding = (ex["from_group"], ex["from_rep"])  # decided before the window
             picked = _replay_turn(
                 run=run,
                 recorded={c["rep"]: c for c in ex.get("candidates", [])} if same_group else {},
@@ -462,6 +479,7 @@ def routing_replay(
         if not drained_already:
             proposed[target or queued_none][picked] += 1
         if turn["lead_id"] is not None and not drained_already:
+            seen.add(turn["lead_id"])
             if picked is not None and target is not None:
                 given[turn["lead_id"]] = (target, picked)
             else:

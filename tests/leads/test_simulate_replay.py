@@ -243,11 +243,31 @@ def test_replay_of_a_reroute_that_leaves_the_lead_with_its_rep_keeps_the_rotatio
     pointer: a replay of the live configuration must not take a turn for it either."""
     group, (a, b, c) = make_group(3, slug="pool")
     first = post(api, "pool")
+    after_first = timezone.now()
     assert [post(api, "pool")["owner"]["id"] for _ in range(2)] == [b.id, c.id]
     assert api.post(f"/api/v1/leads/{first['id']}/reroute/", {}, format="json").json()["owner"]["id"] == a.id
     (event,) = [e for e in api.get(f"/api/v1/leads/{first['id']}/events/").json() if e["type"] == "lead.rerouted"]
     assert event["explanation"]["unchanged"] is True
     assert [post(api, "pool")["owner"]["id"] for _ in range(3)] == [a.id, b.id, c.id]
+    result = replay(api, group="pool")
+    per_rep, _ = counts(result, "pool")
+    assert result["changed"] == 0, result
+    assert all(actual == proposed for actual, proposed in per_rep.values()), per_rep
+    # A window that opens after the lead was first routed: its holder is the one the reroute recorded.
+    result = replay(api, group="pool", since=after_first.isoformat())
+    assert (result["turns"], result["changed"]) == (6, 0), result
+
+
+def test_replay_of_a_reroute_after_a_manual_reassign_knows_who_holds_the_lead(api, make_group):
+    """The rep a manager gave the lead to holds it: a reroute that picks that rep leaves the
+    rotation where it was, in the replay as in routing."""
+    group, (a, b, c) = make_group(3, slug="pool")
+    first = post(api, "pool")
+    reassign = {"rep": b.id, "reason": "speaks the customer's language"}
+    assert api.post(f"/api/v1/leads/{first['id']}/reassign/", reassign, format="json").status_code == 200
+    assert [post(api, "pool")["owner"]["id"] for _ in range(3)] == [b.id, c.id, a.id]
+    assert api.post(f"/api/v1/leads/{first['id']}/reroute/", {}, format="json").json()["owner"]["id"] == b.id
+    assert [post(api, "pool")["owner"]["id"] for _ in range(3)] == [b.id, c.id, a.id]
     result = replay(api, group="pool")
     per_rep, _ = counts(result, "pool")
     assert result["changed"] == 0, result
