@@ -3,6 +3,7 @@ hand the lead to the same intake service the API uses."""
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import hmac
 import logging
@@ -286,13 +287,38 @@ def _holds_nul(payload: Any) -> bool:
     return False
 
 
+def _charset(content_type: str) -> str:
+    """The charset the Content-Type names (UTF-8 when none)."""
+    for param in content_type.split(";")[1:]:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"'):
+            return value.strip().strip('"')
+    return "UTF-8"
+
+
+def _decode(body: bytes, charset: str) -> str:
+    """The body as text, in the charset it names (a form page in Latin-1 posts in Latin-1).
+    Text encodings only (bytes.decode refuses rot13, base64...), and no lone UTF-16 surrogate,
+    which utf-7 or unicode_escape can make from plain ASCII and no UTF-8 text can hold."""
+    try:
+        text = body.decode(charset)
+        if codecs.lookup(charset).name != "utf-8":
+            text.encode("utf-8")
+    except LookupError:
+        raise BadBody(f"'{charset[:40]}' is not a text encoding: send UTF-8.") from None
+    except UnicodeEncodeError:
+        raise BadBody("The body holds a lone UTF-16 surrogate (\\ud800-\\udfff).") from None
+    return text
+
+
 def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
     """The posted fields. A NUL anywhere is refused: the payload is kept as posted (jsonb on
     PostgreSQL, which cannot hold one), including the fields the source's map drops."""
     media = content_type.split(";")[0].strip().lower()
+    charset = _charset(content_type)
     if media == "application/json" or media.endswith("+json"):
         try:
-            text = body.decode("utf-8")
+            text = _decode(body, charset)
             payload = json_loads_client(text)
         except ValueError as exc:  # UnicodeDecodeError included
             raise BadBody(f"The body is not valid JSON: {exc}.") from None
@@ -304,12 +330,17 @@ def hook_parse(*, body: bytes, content_type: str) -> dict[str, Any]:
         return payload
     if media == "application/x-www-form-urlencoded":
         try:
-            # Percent-escapes decoded strictly too: %E9 (Latin-1) is refused, never stored as U+FFFD.
+            # Percent-escapes decoded strictly too, in the body's charset: %E9 (Latin-1) in a
+            # body that names no charset (UTF-8) is refused, never stored as U+FFFD.
             pairs = parse_qsl(
-                body.decode("utf-8"), keep_blank_values=True, max_num_fields=200, encoding="utf-8", errors="strict"
+                _decode(body, charset), keep_blank_values=True, max_num_fields=200, encoding=charset, errors="strict"
             )
         except (UnicodeDecodeError, ValueError):
-            raise BadBody("The body is not valid form data (UTF-8, at most 200 fields).") from None
+            raise BadBody(f"The body is not valid form data ({charset[:40]}, at most 200 fields).") from None
+        try:
+            "".join(key + value for key, value in pairs).encode("utf-8")  # escapes in utf-7...
+        except UnicodeEncodeError:
+            raise BadBody("The body holds a lone UTF-16 surrogate (\\ud800-\\udfff).") from None
         if any("\x00" in key or "\x00" in value for key, value in pairs):
             raise BadBody(_NUL)
         # A repeated field keeps its last value, but an empty one never erases a value typed

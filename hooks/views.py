@@ -159,7 +159,8 @@ class HookView(APIView):
             logger.warning("hook rejected: source=%s reason=%s", intake_source.slug, exc)
             raise exceptions.AuthenticationFailed(str(exc)) from None
         try:
-            data, payload = self._lead_data(intake_source, body, request.content_type or "")
+            # The whole header: its charset too (request.content_type is the media type alone).
+            data, payload = self._lead_data(intake_source, body, request.META.get("CONTENT_TYPE") or "")
         except (UnsupportedMediaType, exceptions.ParseError, exceptions.ValidationError):
             raise  # the client's: the signature stays used
         except BaseException:

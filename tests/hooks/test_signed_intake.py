@@ -53,8 +53,13 @@ def post_signed(
     signature = (
         header if header is not None else services.sign(secret=secret or source.test_secret, body=body, timestamp=ts)
     )
-    return Client().post(
-        f"/api/v1/hooks/{slug or source.slug}/", body, content_type=content_type, headers={"X-Signature": signature}
+    # generic(): the bytes as signed (post() re-encodes a body into the charset it names).
+    return Client().generic(
+        "POST",
+        f"/api/v1/hooks/{slug or source.slug}/",
+        body,
+        content_type=content_type,
+        headers={"X-Signature": signature},
     )
 
 
@@ -155,6 +160,38 @@ def test_form_escapes_that_are_not_utf8_are_a_400_not_replacement_characters(sou
         source, b"your-email=rene%40acme.example&fname=Ren%C3%A9", content_type="application/x-www-form-urlencoded"
     )
     assert ok.status_code == 201 and Lead.objects.get().first_name == "René"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b"your-email=rene%40acme.example&fname=Ren%E9", "application/x-www-form-urlencoded; charset=ISO-8859-1"),
+        ('{"your-email": "rene@acme.example", "fname": "René"}'.encode("latin-1"), "application/json; charset=latin-1"),
+    ],
+)
+def test_a_body_in_the_charset_it_names_is_taken(source, make_group, body, content_type):
+    """A form whose page is in Latin-1 posts its fields in Latin-1 and says so: read as the
+    sender wrote them, as the API reads a body in the charset it names."""
+    make_group(1, slug="emea", is_default=True)
+    r = post_signed(source, body, content_type=content_type)
+    assert r.status_code == 201, r.content
+    assert Lead.objects.get().first_name == "René"
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b'{"your-email": "x@acme.example"}', "application/json; charset=rot13"),
+        (b'{"your-email": "x@acme.example"}', "application/json; charset=no-such-charset"),
+        (b"your-email=x%40acme.example", "application/x-www-form-urlencoded; charset=base64"),
+        (b'{"your-email": "x@acme.example", "fname": "+2AA-"}', "application/json; charset=utf-7"),
+    ],
+)
+def test_a_charset_that_cannot_be_read_is_a_400(source, make_group, body, content_type):
+    make_group(1, slug="emea", is_default=True)
+    r = post_signed(source, body, content_type=content_type)
+    assert r.status_code == 400, r.content
+    assert not Lead.objects.exists()
 
 
 @pytest.mark.parametrize(
