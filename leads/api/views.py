@@ -68,12 +68,22 @@ def _printable_key(key: str) -> bool:
     return 1 <= len(key) <= 255 and all(0x20 <= ord(ch) < 0x7F for ch in key)
 
 
+class IdField(forms.IntegerField):
+    """ASCII digits only: int() also reads "1.0" (Django's field drops the ".0"), "+1", "1_0"
+    (ten) and "١" (Arabic-Indic one), none of which is how the API writes an id."""
+
+    def to_python(self, value: Any) -> int | None:
+        if isinstance(value, str) and value.strip() and not (value.strip().isascii() and value.strip().isdigit()):
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
+        return super().to_python(value)
+
+
 @extend_schema_field({"type": "integer", "minimum": 1, "maximum": 2**63 - 1})
 class IdFilter(django_filters.NumberFilter):
-    """A row id: a whole number (a decimal one, `?owner=3.9`, is a 400, never rep 3), within
-    the range of the id column (the filters give it as `max_value`)."""
+    """A row id: a whole number in ASCII digits (a decimal one, `?owner=3.9`, is a 400, never
+    rep 3), within the range of the id column (the filters give it as `max_value`)."""
 
-    field_class = forms.IntegerField
+    field_class = IdField
 
 
 @extend_schema_field({"type": "string", "minLength": 1, "maxLength": 64})

@@ -83,6 +83,16 @@ def test_empty_repeated_or_out_of_range_parameters_are_400s(api, path, query):
     assert query.split("=")[0] in r.json()
 
 
+@pytest.mark.parametrize("owner", ["\u0661", "1.0", "+1", "1_0"])
+@pytest.mark.parametrize("path", ["/api/v1/leads/", "/api/v1/queue/"])
+def test_an_owner_filter_is_a_rep_id_written_in_ascii_digits(api, path, owner):
+    """`?owner=` takes a rep id as the API writes it: Arabic-Indic digits, a decimal point or a
+    sign are a 400 naming the parameter, never rep 1 (or rep 10)."""
+    r = api.get(path, {"owner": owner})
+    assert r.status_code == 400, (owner, r.content)
+    assert "owner" in r.json()
+
+
 def test_json_types_follow_the_schema_a_field_is_documented_with():
     from decimal import Decimal
 
