@@ -33,8 +33,7 @@ def test_an_imported_batch_due_within_the_horizon_escalates_by_its_timer(make_gr
     assert wait_for(lambda: len(first_escalations()) == 6, timeout=15), worker.log()
     for event, lead in zip(first_escalations(), leads, strict=True):
         assert event.lead_id == lead.id
-        late = (event.at - lead.sla_due_at).total_seconds()
-        assert 0 <= late < 2.0, late
+        assert event.at >= lead.sla_due_at  # at its due time, not before (how soon: `measure_escalation`)
         assert event.actor == "system:sla" and event.explanation["trigger"] == "timer"
         assert event.explanation["from_rep"] == lead.owner_id and event.rep_id != lead.owner_id
         assert event.rep_id in {rep.id for rep in reps}
