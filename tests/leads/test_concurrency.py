@@ -1,5 +1,7 @@
-"""Concurrency on real PostgreSQL with real threads; invariants over everything recorded."""
+"""Concurrency on real PostgreSQL with real threads and processes; invariants over everything recorded."""
 
+import http.client
+import json
 import threading
 import time
 from collections import Counter
@@ -12,6 +14,7 @@ from audit.models import AuditEvent
 from leads.models import Assignment, IdempotencyRecord, Lead
 from rotation.models import Membership, RotationState
 from tests.factories import api_client_with
+from tests.ops.webserver import gunicorn, live_database_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("concurrency")]
 
@@ -77,6 +80,11 @@ def test_concurrent_intake_into_one_group_is_exact(make_group):
     ids = {body["id"] for _, body in results}
     assert len(ids) == total  # no lost lead, no double-created lead
 
+    check_exact_rotation(group, reps, total)
+
+
+def check_exact_rotation(group, reps, total: int) -> None:
+    """Invariants over everything recorded for `total` leads posted into a round-robin group."""
     leads = list(Lead.objects.filter(group=group).order_by("id"))
     assert len(leads) == total and all(lead.status == "assigned" for lead in leads)
     # No lead with two owners: exactly one assignment each, open, matching the owner.
@@ -89,16 +97,62 @@ def test_concurrent_intake_into_one_group_is_exact(make_group):
     assert max(per_rep.values()) - min(per_rep.values()) <= 1
     # Leads were numbered inside the lock, so in id order the rotation is strict.
     order = [r.id for r in reps]
-    assert [lead.owner_id for lead in leads] == [order[i % 5] for i in range(total)]
-    # One assignment event per lead, and the pointer chain is unbroken.
+    assert [lead.owner_id for lead in leads] == [order[i % len(order)] for i in range(total)]
+    # One decision, one trail per lead: received then assigned, nothing else, nothing twice.
+    trail: dict[int, list[str]] = {}
+    for lead_id, type_ in (
+        AuditEvent.objects.filter(lead_id__isnull=False).order_by("id").values_list("lead_id", "type")
+    ):
+        trail.setdefault(lead_id, []).append(type_)
+    assert trail == {lead.id: ["lead.received", "lead.assigned"] for lead in leads}
+    # The pointer chain is unbroken.
     events = list(AuditEvent.objects.filter(type="lead.assigned").order_by("id"))
-    assert Counter(e.lead_id for e in events) == Counter({lead.id: 1 for lead in leads})
     by_lead = sorted(events, key=lambda e: e.lead_id)
     for before, after in zip(by_lead, by_lead[1:], strict=False):
         assert after.explanation["pointer_before"] == before.explanation["pointer_after"]
     state = RotationState.objects.get(group=group)
     assert state.turns == total
     assert state.pointer == Membership.objects.get(group=group, rep_id=leads[-1].owner_id).position + 1
+
+
+def test_concurrent_intake_into_one_group_from_many_processes_is_exact(make_group, tmp_path):
+    """Several gunicorn processes: the threads of one process share a routing transaction
+    (leads/batching.py), so only separate processes contend for the group's rotation row, and
+    only the row lock keeps them from deciding from the same pointer."""
+    clients, leads_each = 9, 30
+    group, reps = make_group(4, slug="hot")
+    _client, token = api_client_with(["intake"])
+    env = {"DATABASE_URL": live_database_url(), "WEB_WORKERS": "3", "WEB_THREADS": "3", "DB_POOL_MAX_SIZE": "2"}
+
+    with gunicorn(tmp_path, **env) as server:
+
+        def worker(i: int) -> list[tuple[int, dict]]:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            out = []
+            try:
+                for j in range(leads_each):
+                    body = json.dumps({"email": f"p{i}-{j}@load.example", "group": "hot"})
+                    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+                    headers["Idempotency-Key"] = f"{i}-{j}"
+                    for _attempt in range(20):  # on 503: wait Retry-After, retry with the same key
+                        conn.request("POST", "/api/v1/leads/", body, headers)
+                        response = conn.getresponse()
+                        status, content = response.status, response.read()
+                        if status != 503:
+                            break
+                        time.sleep(float(response.getheader("Retry-After")) / 10)
+                    out.append((status, json.loads(content)))
+            finally:
+                conn.close()
+            return out
+
+        results = [item for chunk in run_threads(clients, worker) for item in chunk]
+        log = server.log_tail()
+
+    total = clients * leads_each
+    assert Counter(status for status, _ in results) == {201: total}, log
+    assert len({body["id"] for _, body in results}) == total
+    check_exact_rotation(group, reps, total)
 
 
 def models_owner():
