@@ -362,3 +362,65 @@ def test_a_connection_dropped_during_intake_leaves_the_key_free_for_the_retry(ma
     retry = post(http_client(token), body, **{"Idempotency-Key": "k-restart"})
     assert retry.status_code == 201, retry.content
     assert Lead.objects.count() == 1
+
+
+def fails_once_with(sqlstate: str, original):
+    """`original`, whose transaction then fails once with PostgreSQL's `sqlstate` (after its
+    writes, as a deadlock or a serialization failure found at the next statement would)."""
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        calls.append(sqlstate)
+        if len(calls) == 1:
+            with connection.cursor() as cursor:
+                cursor.execute(f"DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '{sqlstate}'; END $$")
+        return result
+
+    wrapped.calls = calls  # type: ignore[attr-defined]
+    return wrapped
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "40001"])  # deadlock detected, serialization failure
+def test_intake_after_a_deadlock_or_serialization_failure_is_retried_whole(make_group, monkeypatch, sqlstate, caplog):
+    from leads import services
+
+    group, reps = make_group(2, slug="g")
+    _client, token = api_client_with(["intake", "read"])
+    failing = fails_once_with(sqlstate, services._routed_announce)
+    monkeypatch.setattr(services, "_routed_announce", failing)
+    r = post(http_client(token), {"email": "retried@x.example", "group": "g"}, **{"Idempotency-Key": "k-retry"})
+    assert r.status_code == 201, r.content
+    assert len(failing.calls) == 2 and f"retried after {sqlstate}" in caplog.text
+    # The failed attempt left nothing behind: one lead, one assignment, one trail, one turn.
+    (lead,) = Lead.objects.all()
+    assert r.json()["id"] == lead.id and lead.owner_id == reps[0].id
+    assert list(Assignment.objects.values_list("lead_id", "rep_id")) == [(lead.id, reps[0].id)]
+    trail = list(AuditEvent.objects.filter(lead_id__isnull=False).order_by("id").values_list("lead_id", "type"))
+    assert trail == [(lead.id, "lead.received"), (lead.id, "lead.assigned")]
+    assert RotationState.objects.get(group=group).turns == 1
+    replay = post(http_client(token), {"email": "retried@x.example", "group": "g"}, **{"Idempotency-Key": "k-retry"})
+    assert replay.status_code == 200 and replay.content == r.content
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "40001"])
+def test_a_managers_action_after_a_deadlock_or_serialization_failure_is_retried_whole(
+    make_group, monkeypatch, sqlstate, caplog
+):
+    from leads import actions
+
+    group, reps = make_group(3, slug="g")
+    _client, token = api_client_with(["intake", "manage"])
+    lead_id = post(http_client(token), {"email": "moved@x.example", "group": "g"}).json()["id"]
+    failing = fails_once_with(sqlstate, actions.audit_record_many)
+    monkeypatch.setattr(actions, "audit_record_many", failing)
+    r = http_client(token).post(
+        f"/api/v1/leads/{lead_id}/reassign/", {"rep": reps[2].id, "reason": "by hand"}, content_type="application/json"
+    )
+    assert r.status_code == 200, r.content
+    assert len(failing.calls) == 2 and f"retried after {sqlstate}" in caplog.text
+    assert Lead.objects.get(pk=lead_id).owner_id == reps[2].id
+    rows = list(Assignment.objects.filter(lead_id=lead_id).order_by("attempt").values_list("rep_id", "ended_at"))
+    assert [rep for rep, _ in rows] == [reps[0].id, reps[2].id] and rows[0][1] is not None and rows[1][1] is None
+    assert AuditEvent.objects.filter(lead_id=lead_id, type="lead.reassigned").count() == 1
+    assert RotationState.objects.get(group=group).turns == 1  # a reassign never moves the pointer
