@@ -184,6 +184,15 @@ def hold_rotation_lock(group_id: int, locked: threading.Event, release: threadin
         release.wait(30)
 
 
+def request_waits_for_the_lock() -> None:
+    """Returns once a request waits on a lock; fails if none does within 10 s (the change
+    made next would otherwise come before the request, and the test would prove nothing)."""
+    deadline = time.monotonic() + 10
+    while waiting_on_locks() < 1:
+        assert time.monotonic() < deadline, "the request never waited for the rotation row"
+        time.sleep(0.02)
+
+
 def test_eligibility_is_read_after_the_lock(make_group):
     """A rep paused while a request waits for the lock does not get the lead."""
     group, (a, b, c) = make_group(3, slug="g")
@@ -201,12 +210,12 @@ def test_eligibility_is_read_after_the_lock(make_group):
 
     def controller(_: int) -> None:
         locked.wait(10)
-        deadline = time.monotonic() + 10
-        while waiting_on_locks() < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        # The request is now queued on the rotation row: pause the rep who is next.
-        Membership.objects.filter(group=group, rep=a).update(active=False)
-        release.set()
+        try:
+            request_waits_for_the_lock()
+            # The request is now queued on the rotation row: pause the rep who is next.
+            Membership.objects.filter(group=group, rep=a).update(active=False)
+        finally:
+            release.set()
 
     def dispatch(i: int) -> None:
         (holder, requester, controller)[i](i)
@@ -332,11 +341,11 @@ def test_group_deactivated_while_waiting_for_the_lock_queues_the_lead(make_group
 
     def controller(_: int) -> None:
         locked.wait(10)
-        deadline = time.monotonic() + 10
-        while waiting_on_locks() < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        type(group).objects.filter(pk=group.pk).update(active=False)
-        release.set()
+        try:
+            request_waits_for_the_lock()
+            type(group).objects.filter(pk=group.pk).update(active=False)
+        finally:
+            release.set()
 
     run_threads(3, lambda i: (holder, requester, controller)[i](i))
     assert outcome["body"]["status"] == "queued" and "inactive" in outcome["body"]["queue_reason"]
