@@ -308,6 +308,7 @@ def test_same_key_different_body_is_a_422(api, make_group):
     before = counts()
     r = api.post("/api/v1/leads/", lead_body(group="emea"), format="json", headers={"Idempotency-Key": "k"})
     assert r.status_code == 422
+    assert r.json() == {"detail": "This Idempotency-Key was used with a different request body."}
     assert counts() == before
 
 
@@ -361,6 +362,7 @@ def test_same_key_in_flight_is_a_409(api, make_group):
     )
     r = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "busy"})
     assert r.status_code == 409
+    assert r.json() == {"detail": "A request with this Idempotency-Key is still in flight."}
     assert Lead.objects.count() == 0
 
 
