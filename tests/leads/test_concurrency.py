@@ -433,3 +433,41 @@ def test_a_managers_action_after_a_deadlock_or_serialization_failure_is_retried_
     assert [rep for rep, _ in rows] == [reps[0].id, reps[2].id] and rows[0][1] is not None and rows[1][1] is None
     assert AuditEvent.objects.filter(lead_id=lead_id, type="lead.reassigned").count() == 1
     assert RotationState.objects.get(group=group).turns == 1  # a reassign never moves the pointer
+
+
+@pytest.mark.parametrize(
+    "action, body",
+    [("reassign", lambda reps: {"rep": reps[1].id, "reason": "by hand"}), ("reroute", lambda reps: {})],
+    ids=["reassign", "reroute"],
+)
+def test_a_managers_action_on_a_held_rotation_row_is_a_503_and_changes_nothing(make_group, settings, action, body):
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    group, reps = make_group(2, slug="g")
+    _client, token = api_client_with(["intake", "manage"])
+    lead_id = post(http_client(token), {"email": "held@x.example", "group": "g"}).json()["id"]
+    before = (list(Assignment.objects.values_list("id", "rep_id", "ended_at")), AuditEvent.objects.count())
+    locked, release = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    def holder(_: int) -> None:
+        hold_rotation_lock(group.id, locked, release)
+
+    def manager(_: int) -> None:
+        locked.wait(10)
+        try:
+            started = time.monotonic()
+            outcome["response"] = http_client(token).post(
+                f"/api/v1/leads/{lead_id}/{action}/", body(reps), content_type="application/json"
+            )
+            outcome["elapsed"] = time.monotonic() - started
+        finally:
+            release.set()
+
+    run_threads(2, lambda i: (holder, manager)[i](i))
+    r = outcome["response"]
+    assert (r.status_code, r["Retry-After"]) == (503, "1"), r.content
+    assert "busy" in r.json()["detail"] and outcome["elapsed"] < 5
+    assert Lead.objects.get(pk=lead_id).owner_id == reps[0].id
+    assert (list(Assignment.objects.values_list("id", "rep_id", "ended_at")), AuditEvent.objects.count()) == before
+    again = http_client(token).post(f"/api/v1/leads/{lead_id}/{action}/", body(reps), content_type="application/json")
+    assert again.status_code == 200, again.content
