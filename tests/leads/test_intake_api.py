@@ -1,5 +1,6 @@
 """The POST /api/v1/leads/ contract of SPEC 6, response by response."""
 
+import hashlib
 import json
 import os
 from datetime import timedelta
@@ -238,6 +239,8 @@ def test_revoked_token_is_refused(db):
     ApiClient.objects.filter(pk=client.pk).update(active=False)
     assert api.get("/api/v1/leads/").status_code == 401
     assert client.token_hash != token and token not in str(ApiClient.objects.values_list())
+    # Its SHA-256, which cannot be turned back into the token (not merely another spelling of it).
+    assert client.token_hash == hashlib.sha256(token.encode()).hexdigest()
 
 
 # --- idempotency ------------------------------------------------------------------------------
