@@ -300,6 +300,12 @@ def test_concurrent_requests_with_one_key_create_one_lead(make_group):
     created = next(content for s, content, _ in results if s == 201)
     assert all(content == created and replayed == "true" for s, content, replayed in results if s == 200)
     assert Lead.objects.count() == 1 and Assignment.objects.count() == 1
+    # One decision: one trail, one turn of the rotation.
+    assert list(AuditEvent.objects.filter(lead_id__isnull=False).order_by("id").values_list("type", flat=True)) == [
+        "lead.received",
+        "lead.assigned",
+    ]
+    assert RotationState.objects.get(group__slug="g").turns == 1
 
 
 def test_concurrent_posts_of_one_email_make_one_lead(make_group):
