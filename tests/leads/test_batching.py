@@ -17,7 +17,7 @@ from routing_project import metrics
 from tests.conftest import lead_body
 from tests.factories import GroupFactory, RepFactory, api_client_with
 from tests.leads.test_bulk_import import rotation_row_held
-from tests.leads.test_concurrency import http_client, post, run_threads
+from tests.leads.test_concurrency import fails_once_with, http_client, post, run_threads
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("concurrency")]
 
@@ -178,6 +178,40 @@ def test_a_failing_batch_routes_its_leads_one_by_one(make_group, monkeypatch):
     assert Lead.objects.count() == 7 and Assignment.objects.count() == 7
     assert AuditEvent.objects.filter(type="lead.assigned").count() == 7
     assert RotationState.objects.get(group__slug="g").turns == 7
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "40001"])  # deadlock detected, serialization failure
+def test_a_batch_after_a_deadlock_or_serialization_failure_is_retried_whole(make_group, monkeypatch, sqlstate, caplog):
+    """The batch's shared transaction, failing after its writes with an error PostgreSQL says
+    to retry, is run again as a batch: every lead routed once, in strict rotation."""
+    group, reps = make_group(3, slug="g")
+    _client, token = api_client_with(["intake"])
+    failing = fails_once_with(sqlstate, services._intake_locked_many)
+    monkeypatch.setattr(services, "_intake_locked_many", failing)
+    gate, entered, _sizes = first_batch_held(monkeypatch)
+
+    def worker(i: int):
+        if i > 0:
+            entered.wait(10)
+        if i == 6:
+            threading.Timer(0.5, gate.set).start()
+        r = post(http_client(token), {"email": f"d{i}@batch.example", "group": "g"})
+        return r.status_code
+
+    try:
+        statuses = run_threads(7, worker)
+    finally:
+        gate.set()
+        connections.close_all()
+    assert statuses == [201] * 7
+    assert len(failing.calls) >= 2 and f"routing batch retried after {sqlstate}" in caplog.text
+    leads = list(Lead.objects.order_by("id"))
+    assert len(leads) == 7 and Assignment.objects.count() == 7
+    order = [r.id for r in reps]
+    assert [lead.owner_id for lead in leads] == [order[i % 3] for i in range(7)]
+    trail = Counter(AuditEvent.objects.filter(lead_id__isnull=False).values_list("lead_id", "type"))
+    assert trail == Counter({(lead.id, t): 1 for lead in leads for t in ("lead.received", "lead.assigned")})
+    assert RotationState.objects.get(group=group).turns == 7
 
 
 def test_batches_spanning_groups_keep_each_rotation_strict(make_group):
