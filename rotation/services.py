@@ -23,6 +23,7 @@ from routing_project.db import set_lock_timeout
 from .domains import domain_unicode
 from .hooks import capacity_freed, capacity_frees_at, group_deleting
 from .models import Absence, Account, Group, Membership, Rep, RotationState, RoutingRule
+from .strategies import WEIGHT_KEY
 
 
 def _values(obj: Model, fields: Iterable[str]) -> dict[str, Any]:
@@ -350,8 +351,11 @@ def membership_remove(*, membership: Membership, actor: str) -> None:
     state = _rotation_row_locked(membership.group_id)
     # The row as stored (an admin form may hold edits; escalation may have paused it).
     removed = (membership.group.slug, Membership.objects.filter(pk=membership.pk).first() or membership)
-    if state is not None and str(membership.rep_id) in (state.current_weights or {}):
-        state.current_weights = {k: v for k, v in state.current_weights.items() if k != str(membership.rep_id)}
+    # Its next turn and the weight that turn was laid out for: a weight left behind would read,
+    # to a rep added back with another one, as a change of weights (everyone placed again).
+    own = {str(membership.rep_id), f"{WEIGHT_KEY}{membership.rep_id}"}
+    if state is not None and own.intersection(state.current_weights or {}):
+        state.current_weights = {k: v for k, v in state.current_weights.items() if k not in own}
         state.save(update_fields=["current_weights", "updated_at"])
     membership.delete()
     audit_record_many(events=_removals([removed], actor=actor))

@@ -79,8 +79,8 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
         key = str(c.rep_id)
         if not c.eligible:
             away.add(key)
-        if current.get(WEIGHT_KEY + key, c.weight) != c.weight:
-            reweighed = True
+        if key in current and current.get(WEIGHT_KEY + key, c.weight) != c.weight:
+            reweighed = True  # (a weight recorded without a turn is a former member's: a joiner)
         if key not in current:
             ticks[key] = 0
             if c.eligible:

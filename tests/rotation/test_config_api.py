@@ -347,6 +347,26 @@ def test_a_weighted_member_removed_and_added_back_before_the_next_lead_is_a_new_
     assert RotationState.objects.get(group=group).pointer > 0  # the pointer is untouched
 
 
+def test_a_weighted_member_added_back_with_another_weight_is_a_new_joiner(api, make_group):
+    """The weight it had before its removal stayed in the rotation's record: added back with
+    another one, the group read it as a change of weights and placed everyone again, so the
+    rep who had just taken a lead took the next one too, and the joiner waited."""
+    group, (a, b, c) = make_group(3, slug="emea", strategy="weighted")
+    for rep, weight in ((a, 1), (b, 2), (c, 2)):
+        Membership.objects.filter(group=group, rep=rep).update(weight=weight)
+
+    def route(n: int) -> list[int]:
+        return [
+            api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["owner"]["id"] for _ in range(n)
+        ]
+
+    assert route(2) == [b.pk, c.pk]
+    assert api.delete(f"/api/v1/groups/emea/members/{a.pk}/").status_code == 204
+    assert f"w:{a.pk}" not in RotationState.objects.get(group=group).current_weights
+    assert api.post("/api/v1/groups/emea/members/", {"rep": a.pk, "weight": 2}, format="json").status_code == 201
+    assert route(6) == [a.pk, b.pk, c.pk] * 2
+
+
 def test_appending_past_the_highest_position_is_a_400_naming_it(api, make_group):
     """A member moved to the last position (1,000,000): the next joiner left to be appended
     would take a position no member may have; it is told to give one instead."""
