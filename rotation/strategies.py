@@ -134,13 +134,24 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
         ticks[key] = place(placed[c.weight], max(ticks[key], 1), scale // c.weight)
         placed[c.weight].append(ticks[key])
     # None of their weight in rotation: those entering together are spread over the stride.
+    waiting = {str(c.rep_id) for group in fresh.values() for c in group}
     for weight, group in fresh.items():
         stride = scale // weight
         for j, c in enumerate(group):
             key = str(c.rep_id)
-            ticks[key] = max(ticks[key], stride * (2 * j + 1) // (2 * len(group)), 1)
+            earliest = max(ticks[key], 1)
+            ticks[key] = max(earliest, stride * (2 * j + 1) // (2 * len(group)))
+            waiting.discard(key)
             if due is not None:
-                ticks[key] = min(ticks[key], max(due + stride - 1, 1))
+                latest = max(due + stride - 1, 1)
+                ticks[key] = min(ticks[key], latest)
+                # Beside members of other weights, half a stride from now can fall on their
+                # turns (4:2:1 after the 1 was away: AACBAAB for good, where a fresh group
+                # routes ABACABA): it takes the place that interleaves the rotation best.
+                rotating = [m for m in ordered if m.eligible and str(m.rep_id) not in waiting]
+                ticks[key] = _best_place(
+                    rotating, ticks, key, min(earliest, latest), min(latest, max(earliest, stride)), scale
+                )
     eligible = [c for c in ordered if c.eligible]
     chosen = min(eligible, key=lambda c: ticks[str(c.rep_id)]) if eligible else None
     if chosen is not None:
@@ -166,6 +177,67 @@ def weighted(candidates: Sequence[Candidate], pointer: int, current: Mapping[str
     if chosen is None:
         return Pick(None, pointer, state)
     return Pick(chosen.rep_id, chosen.position + 1, state)
+
+
+# Weighing the places costs (places x turns per cycle) steps, under the rotation lock (a few
+# microseconds each): past this, the member keeps the place it was given (a few members of
+# small weights are far below it).
+_PLACE_MAX_STEPS = 1_500
+
+
+def _best_place(
+    members: Sequence[Candidate], ticks: Mapping[str, int], key: str, earliest: int, latest: int, scale: int
+) -> int:
+    """The tick in [earliest, latest] for member `key` (one of `members`, the eligible members
+    placed) that makes the rotation's cycle the most even: the least any member's count over a
+    run of turns strays from its share. Its tick as it is when no place does better, or when
+    the cycle is too long to weigh every place."""
+    preferred = ticks[key]
+    total = sum(m.weight for m in members)
+    if earliest >= latest:
+        return preferred
+    me = next(m for m in members if str(m.rep_id) == key)
+    stride = scale // me.weight
+    if total * total > 2 * _PLACE_MAX_STEPS:  # (about two places per turn)
+        return preferred
+    # Only the order of the turns matters, and every place strictly between two turns of the
+    # others (on its stride's circle) gives the same: one place in each gap (its middle, or as
+    # near as the bounds allow), one on each turn (a tie, by position), and the bounds.
+    others = sorted(
+        {
+            (ticks[str(m.rep_id)] + k * (scale // m.weight)) % stride
+            for m in members
+            if m is not me
+            for k in range(m.weight)
+        }
+    )
+    options = {preferred, earliest, latest}
+    for a, b in zip(others, others[1:] + [p + stride for p in others[:1]], strict=True):
+        on = earliest + (a - earliest) % stride
+        if on <= latest:
+            options.add(on)
+        inside = [earliest + (at - earliest) % stride for at in ((a + b) // 2, a + 1, b - 1) if a < at < b]
+        options.update([tick for tick in inside if tick <= latest][:1])
+    if len(options) * total > _PLACE_MAX_STEPS:
+        return preferred
+
+    def unevenness(tick: int) -> int:
+        turns = sorted(
+            (((tick if m is me else ticks[str(m.rep_id)]) + k * (scale // m.weight)) % scale, m.position, m.rep_id, i)
+            for i, m in enumerate(members)
+            for k in range(m.weight)
+        )
+        # Member i's drift from its share after t turns, count * total - t * weight, peaks just
+        # after its turns and bottoms out just before them.
+        count, low, high = [0] * len(members), [0] * len(members), [0] * len(members)
+        for t, turn in enumerate(turns, start=1):
+            i, weight = turn[3], members[turn[3]].weight
+            low[i] = min(low[i], count[i] * total - (t - 1) * weight)
+            count[i] += 1
+            high[i] = max(high[i], count[i] * total - t * weight)
+        return max(h - lo for h, lo in zip(high, low, strict=True))
+
+    return min(sorted(options, key=lambda tick: (tick != preferred, tick)), key=unevenness)
 
 
 def _widest_gap(turns: Sequence[int], earliest: int, latest: int, stride: int) -> int:

@@ -320,6 +320,27 @@ def test_weighted_a_member_back_from_a_pause_is_as_interleaved_as_a_fresh_group(
     assert burstiness(weights, picks[-3 * total :]) <= fresh + 1e-9, picks
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from([[4, 2, 1], [1, 2, 4], [5, 2, 1], [4, 3, 1], [5, 3, 1], [6, 3, 1]]),
+    st.integers(0, 8),
+    st.integers(1, 10),
+    st.data(),
+)
+def test_weighted_a_member_of_its_own_weight_back_from_a_pause_is_as_interleaved_as_a_fresh_group(
+    weights, before, away, data
+):
+    """With no other member of its weight, one coming back took its turn half a stride from the
+    lead it came back at, which could fall on the turns of members of other weights: 4:2:1 after
+    the 1 was away routed AACBAAB for good, where a fresh group routes ABACABA."""
+    everyone, total = frozenset(range(len(weights))), sum(weights)
+    who = data.draw(st.integers(0, len(weights) - 1))
+    fresh = burstiness(weights, run_weighted(weights, [everyone] * (4 * total))[total:])
+    picks = run_weighted(weights, [everyone] * before + [everyone - {who}] * away + [everyone] * (5 * total))
+    assert burstiness(weights, picks[-3 * total :]) <= fresh + 1e-9, picks
+    assert exact_windows(weights, picks[before + away :]), picks  # and exact from its return
+
+
 def reweighted(before: list[int], turns: int, after: list[int], then: int) -> list[int | None]:
     """`turns` leads with weights `before`, then `then` leads with `after` (same members):
     the picks after the change."""
