@@ -102,7 +102,8 @@ class RepSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     rep = serializers.PrimaryKeyRelatedField(queryset=Rep.objects.all())
     name = serializers.CharField(source="rep.name", read_only=True)
-    position = serializers.IntegerField(min_value=0, max_value=MAX_POSITION, required=False)
+    # Left out or null: appended (the admin's empty position too).
+    position = serializers.IntegerField(min_value=0, max_value=MAX_POSITION, required=False, allow_null=True)
     weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     max_open = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
     max_per_day = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
@@ -134,6 +135,10 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
         if self.instance is None and rep is not None and Membership.objects.filter(group=group, rep=rep).exists():
             raise serializers.ValidationError({"rep": ["This rep is already a member of the group."]})
         position = attrs.get("position")
+        if position is None and "position" in attrs:
+            if self.instance is not None:  # a member keeps a place: it moves, it is not emptied
+                raise serializers.ValidationError({"position": ["This field may not be null."]})
+            del attrs["position"]
         if position is not None:
             taken = Membership.objects.filter(group=group, position=position)
             if self.instance is not None:
@@ -149,4 +154,5 @@ class MembershipUpdateSerializer(MembershipSerializer):
     def get_fields(self) -> dict[str, Any]:
         fields = super().get_fields()
         fields["rep"].read_only = True
+        fields["position"].allow_null = False
         return fields

@@ -367,6 +367,18 @@ def test_a_weighted_member_added_back_with_another_weight_is_a_new_joiner(api, m
     assert route(6) == [a.pk, b.pk, c.pk] * 2
 
 
+def test_a_member_posted_with_a_null_position_is_appended(api, make_group):
+    """A position left empty (null, as a form or a client library sends an unset field) was a
+    400, where the admin appends the member: appended too, while a PATCH cannot empty it."""
+    group, (a, b) = make_group(2, slug="pool")
+    c = RepFactory()
+    r = api.post("/api/v1/groups/pool/members/", {"rep": c.id, "position": None}, format="json")
+    assert r.status_code == 201 and r.json()["position"] == 2, r.content
+    r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": None}, format="json")
+    assert r.status_code == 400 and "position" in r.json(), r.content
+    assert Membership.objects.get(group=group, rep=a).position == 0
+
+
 def test_appending_past_the_highest_position_is_a_400_naming_it(api, make_group):
     """A member moved to the last position (1,000,000): the next joiner left to be appended
     would take a position no member may have; it is told to give one instead."""
