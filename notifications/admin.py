@@ -12,6 +12,7 @@ from audit.models import AuditEvent
 from audit.services import audit_record
 from routing_project.admin_lists import EstimatedCountPaginator
 
+from . import services
 from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret
 
 
@@ -47,6 +48,9 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
                     return
                 values = {f: obj.group.slug if f == "group" else getattr(obj, f) for f in fields}
                 explanation = {"webhook_endpoint": obj.pk, "change": "edited", "fields": values}
+                if "url" in fields and obj.active:
+                    # The new address is tried at once, not after the old one's backoff and hold.
+                    services.endpoint_repointed(endpoint_id=obj.pk)
             else:
                 explanation = {"webhook_endpoint": obj.pk, "change": "created", "url": obj.url, "active": obj.active}
             audit_record(

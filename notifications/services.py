@@ -427,6 +427,26 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         return None
 
 
+def endpoint_repointed(*, endpoint_id: int) -> list[int]:
+    """An endpoint given another URL (its receiver moved, or the old address was wrong): its
+    pending deliveries go to the new address now, not after the backoff and the hold the old
+    address earned (up to NOTIFY_BACKOFF_MAX_S). Call it in the transaction that saved the URL;
+    the sends are published after commit. A delivery being sent right now (its row locked)
+    keeps its own outcome. Returns the ids of the deliveries brought forward."""
+    now = timezone.now()
+    WebhookEndpoint.objects.filter(pk=endpoint_id).update(unreachable_until=None)
+    ids = list(
+        Delivery.objects.select_for_update(skip_locked=True)
+        .filter(endpoint_id=endpoint_id, channel=Delivery.Channel.WEBHOOK, status=Delivery.Status.PENDING)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    if ids:
+        Delivery.objects.filter(pk__in=ids).update(next_attempt_at=now)
+        transaction.on_commit(lambda: _enqueue_sends(ids), robust=True)
+    return ids
+
+
 def deliveries_due(*, older_than_s: float, limit: int = 500) -> list[int]:
     """Pending deliveries whose retry is overdue by more than `older_than_s` (timer lost)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)

@@ -930,3 +930,36 @@ def test_a_webhook_is_posted_to_an_ipv6_receiver_with_its_query():
         server.shutdown()
         server.server_close()
     assert seen == ["/hooks?team=emea"]
+
+
+def test_an_endpoint_pointed_elsewhere_in_the_admin_is_tried_there_at_once(
+    admin_client, make_group, receiver, settings, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The old address gave no answer, so the endpoint's deliveries wait out its backoff and
+    hold (up to half an hour). Sales ops give it the right URL: its pending deliveries go there
+    now, not at the time the old address earned."""
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_BACKOFF_BASE_S = 600
+    group, reps = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/old")  # nothing listens
+    ids = dispatched(group, reps[0], [7, 8])
+    assert services.delivery_attempt(delivery_id=ids[0]) is not None  # no answer: held
+    assert services.delivery_attempt(delivery_id=ids[1]) is not None  # waits for the hold
+    endpoint.refresh_from_db()
+    assert endpoint.unreachable_until is not None
+
+    published: list[int] = []
+    monkeypatch.setattr(services, "_enqueue", lambda name, arg: published.append(arg))
+    with django_capture_on_commit_callbacks(execute=True):
+        r = admin_client.post(
+            f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/",
+            {"group": group.pk, "url": receiver.url, "active": "on"},
+        )
+    assert r.status_code == 302
+    endpoint.refresh_from_db()
+    assert endpoint.unreachable_until is None
+    assert sorted(published) == sorted(ids)
+    for delivery_id in ids:
+        assert services.delivery_attempt(delivery_id=delivery_id) is None
+    assert [(d.status, d.target) for d in Delivery.objects.filter(pk__in=ids)] == [("sent", receiver.url)] * 2
+    assert len(receiver.requests) == 2
