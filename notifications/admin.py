@@ -48,7 +48,9 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
                     return
                 values = {f: obj.group.slug if f == "group" else getattr(obj, f) for f in fields}
                 explanation = {"webhook_endpoint": obj.pk, "change": "edited", "fields": values}
-                if "url" in fields and obj.active:
+                if "active" in fields and not obj.active:
+                    services.endpoint_stopped(endpoint_id=obj.pk, gone="deactivated")
+                elif "url" in fields and obj.active:
                     # The new address is tried at once, not after the old one's backoff and hold.
                     services.endpoint_repointed(endpoint_id=obj.pk)
             else:
@@ -65,6 +67,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         with transaction.atomic():
             explanation = {"webhook_endpoint": obj.pk, "change": "deleted", "url": obj.url}
             group = obj.group.slug
+            services.endpoint_stopped(endpoint_id=obj.pk, gone="deleted")  # before its deliveries lose it
             super().delete_model(request, obj)
             audit_record(
                 type=AuditEvent.Type.CLIENT_CHANGED, actor=_actor(request), group=group, explanation=explanation

@@ -447,6 +447,21 @@ def endpoint_repointed(*, endpoint_id: int) -> list[int]:
     return ids
 
 
+def endpoint_stopped(*, endpoint_id: int, gone: str) -> int:
+    """An endpoint deactivated or about to be deleted (`gone`): nothing more is sent to it, and
+    its pending deliveries end `failed` now, saying why, rather than showing as pending in the
+    delivery log until their next try. A delivery being sent right now (its row locked) ends
+    at its next try, as before. Returns how many were ended."""
+    ids = list(
+        Delivery.objects.select_for_update(skip_locked=True)
+        .filter(endpoint_id=endpoint_id, channel=Delivery.Channel.WEBHOOK, status=Delivery.Status.PENDING)
+        .values_list("id", flat=True)
+    )
+    return Delivery.objects.filter(pk__in=ids).update(
+        status=Delivery.Status.FAILED, last_error=f"the endpoint was {gone}"
+    )
+
+
 def deliveries_due(*, older_than_s: float, limit: int = 500) -> list[int]:
     """Pending deliveries whose retry is overdue by more than `older_than_s` (timer lost)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)

@@ -963,3 +963,30 @@ def test_an_endpoint_pointed_elsewhere_in_the_admin_is_tried_there_at_once(
         assert services.delivery_attempt(delivery_id=delivery_id) is None
     assert [(d.status, d.target) for d in Delivery.objects.filter(pk__in=ids)] == [("sent", receiver.url)] * 2
     assert len(receiver.requests) == 2
+
+
+@pytest.mark.parametrize("stop", ["deactivated", "deleted"])
+def test_an_endpoint_stopped_in_the_admin_ends_its_pending_deliveries_at_once(
+    admin_client, make_group, receiver, settings, stop
+):
+    """Deactivated or deleted, an endpoint gets nothing more: the delivery log says so of its
+    pending deliveries at once, rather than showing them pending until their next try."""
+    settings.NOTIFY_REP_EMAIL = False
+    receiver.statuses = [500]
+    group, reps = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    ids = dispatched(group, reps[0], [7, 8])
+    assert services.delivery_attempt(delivery_id=ids[0]) is not None  # retried later
+    if stop == "deactivated":
+        r = admin_client.post(
+            f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/", {"group": group.pk, "url": receiver.url}
+        )
+    else:
+        r = admin_client.post(f"/admin/notifications/webhookendpoint/{endpoint.pk}/delete/", {"post": "yes"})
+    assert r.status_code == 302
+    assert [(d.status, d.attempts, d.last_error) for d in Delivery.objects.filter(pk__in=ids).order_by("id")] == [
+        ("failed", 1, f"the endpoint was {stop}"),
+        ("failed", 0, f"the endpoint was {stop}"),
+    ]
+    assert services.delivery_attempt(delivery_id=ids[1]) is None
+    assert len(receiver.requests) == 1
