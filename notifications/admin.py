@@ -1,7 +1,7 @@
 import json
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -193,9 +193,29 @@ class DeliveryAdmin(admin.ModelAdmin):
         "payload",
     )
     fields = readonly_fields
+    actions = ["send_again"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Delivery]:
         return super().get_queryset(request).select_related("message", "endpoint", "rep")
+
+    def has_resend_permission(self, request: HttpRequest) -> bool:
+        # Where the leads' contact data goes is the superusers' (they manage the endpoints).
+        return bool(request.user.is_superuser)
+
+    @admin.action(description="Send the selected failed deliveries again", permissions=["resend"])
+    def send_again(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
+        """After a receiver was down for longer than the retries lasted: a new round of attempts."""
+        selected = list(queryset.values_list("id", flat=True))
+        with transaction.atomic():
+            again = services.deliveries_send_again(ids=selected)
+        left = len(selected) - len(again)
+        message = f"{len(again)} deliveries will be sent again."
+        if left:
+            message += (
+                f" {left} left as they are: only failed deliveries are sent again, and not to an endpoint"
+                " deleted or deactivated since."
+            )
+        self.message_user(request, message, messages.SUCCESS if again else messages.WARNING)
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
         by_lead = lead_id_search(queryset, search_term, "message__lead_id")

@@ -462,6 +462,26 @@ def endpoint_stopped(*, endpoint_id: int, gone: str) -> int:
     )
 
 
+def deliveries_send_again(*, ids: list[int]) -> list[int]:
+    """Failed deliveries given a new round of attempts (a receiver that was down longer than the
+    retries lasted, a mail server fixed since): pending again, due now, their sends published
+    after commit. A delivery sent is never sent again, and one whose endpoint was deleted or
+    deactivated stays failed. Returns the ids sent again."""
+    now = timezone.now()
+    again = list(
+        Delivery.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(pk__in=ids, status=Delivery.Status.FAILED)
+        .exclude(channel=Delivery.Channel.WEBHOOK, endpoint__isnull=True)
+        .exclude(channel=Delivery.Channel.WEBHOOK, endpoint__active=False)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    if again:
+        Delivery.objects.filter(pk__in=again).update(status=Delivery.Status.PENDING, attempts=0, next_attempt_at=now)
+        transaction.on_commit(lambda: _enqueue_sends(again), robust=True)
+    return again
+
+
 def deliveries_due(*, older_than_s: float, limit: int = 500) -> list[int]:
     """Pending deliveries whose retry is overdue by more than `older_than_s` (timer lost)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)

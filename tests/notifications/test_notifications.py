@@ -990,3 +990,59 @@ def test_an_endpoint_stopped_in_the_admin_ends_its_pending_deliveries_at_once(
     ]
     assert services.delivery_attempt(delivery_id=ids[1]) is None
     assert len(receiver.requests) == 1
+
+
+def test_failed_deliveries_can_be_sent_again_from_the_delivery_log(
+    admin_client, make_group, receiver, settings, monkeypatch, django_capture_on_commit_callbacks
+):
+    """A receiver down for longer than the retries last loses the leads' webhooks for good
+    unless they can be sent again: the delivery log's action gives the failed ones a new round
+    of attempts. A sent delivery is never sent twice, and a stopped endpoint gets nothing."""
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_MAX_ATTEMPTS = 1
+    receiver.statuses = [500, 500, 200]
+    group, reps = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    stopped = WebhookEndpoint.objects.create(group=group, url=receiver.url + "/stopped")
+    ids = dispatched(group, reps[0], [7])
+    failed = Delivery.objects.get(pk__in=ids, endpoint=endpoint).id
+    to_stopped = Delivery.objects.get(pk__in=ids, endpoint=stopped).id
+    assert services.delivery_attempt(delivery_id=failed) is None
+    assert services.delivery_attempt(delivery_id=to_stopped) is None
+    assert Delivery.objects.filter(pk__in=ids, status="failed").count() == 2
+    WebhookEndpoint.objects.filter(pk=stopped.pk).update(active=False)
+    sent = dispatched(group, reps[0], [8])
+    Delivery.objects.filter(pk__in=sent).exclude(endpoint=endpoint).delete()
+    [sent_id] = Delivery.objects.filter(pk__in=sent).values_list("id", flat=True)
+    assert services.delivery_attempt(delivery_id=sent_id) is None
+    assert Delivery.objects.get(pk=sent_id).status == "sent"
+    assert len(receiver.requests) == 3
+
+    published: list[int] = []
+    monkeypatch.setattr(services, "_enqueue", lambda name, arg: published.append(arg))
+    with django_capture_on_commit_callbacks(execute=True):
+        r = admin_client.post(
+            "/admin/notifications/delivery/",
+            {"action": "send_again", "_selected_action": [failed, to_stopped, sent_id]},
+            follow=True,
+        )
+    assert "1 deliveries will be sent again. 2 left as they are" in r.content.decode()
+    assert published == [failed]
+    assert services.delivery_attempt(delivery_id=failed) is None
+    d = Delivery.objects.get(pk=failed)
+    assert (d.status, d.attempts) == ("sent", 1)
+    assert Delivery.objects.get(pk=to_stopped).status == "failed"
+    assert len(receiver.requests) == 4
+
+
+def test_only_superusers_may_send_deliveries_again(client, make_group):
+    from django.contrib.auth.models import Group as Role
+    from django.contrib.auth.models import Permission, User
+
+    from security.roles import roles_sync
+
+    roles_sync(group_model=Role, permission_model=Permission)
+    user = User.objects.create_user("ops", password="pw-123456789", is_staff=True)
+    user.groups.add(Role.objects.get(name="Sales ops"))
+    client.force_login(user)
+    assert "send_again" not in client.get("/admin/notifications/delivery/").content.decode()
