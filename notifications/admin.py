@@ -50,6 +50,9 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
                 explanation = {"webhook_endpoint": obj.pk, "change": "edited", "fields": values}
                 if "active" in fields and not obj.active:
                     services.endpoint_stopped(endpoint_id=obj.pk, gone="deactivated")
+                elif "group" in fields:
+                    # Its pending deliveries carry the other group's leads: not for this receiver.
+                    services.endpoint_stopped(endpoint_id=obj.pk, gone="moved to another group")
                 elif "url" in fields and obj.active:
                     # The new address is tried at once, not after the old one's backoff and hold.
                     services.endpoint_repointed(endpoint_id=obj.pk)

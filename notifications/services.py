@@ -330,9 +330,15 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         now = timezone.now()
         if d.next_attempt_at > now + timedelta(seconds=1):
             return None  # an early duplicate; the scheduled retry or the sweep sends it
-        if d.channel == Delivery.Channel.WEBHOOK and (d.endpoint is None or not d.endpoint.active):
-            # Deactivated or deleted since: nothing more is sent to it, retries included.
-            gone = "deleted" if d.endpoint is None else "deactivated"
+        if d.channel == Delivery.Channel.WEBHOOK and (
+            d.endpoint is None or not d.endpoint.active or d.endpoint.group_id != d.message.group_id
+        ):
+            # Deactivated or deleted since: nothing more is sent to it, retries included. Moved to
+            # another group: it now takes that group's leads, not this one's contact data.
+            if d.endpoint is None:
+                gone = "deleted"
+            else:
+                gone = "deactivated" if not d.endpoint.active else "moved to another group"
             d.status, d.last_error = Delivery.Status.FAILED, f"the endpoint was {gone}"
             d.save(update_fields=["status", "last_error"])
             return None

@@ -1046,3 +1046,32 @@ def test_only_superusers_may_send_deliveries_again(client, make_group):
     user.groups.add(Role.objects.get(name="Sales ops"))
     client.force_login(user)
     assert "send_again" not in client.get("/admin/notifications/delivery/").content.decode()
+
+
+def test_an_endpoint_moved_to_another_group_gets_none_of_the_first_groups_pending_leads(
+    admin_client, make_group, receiver, settings
+):
+    """An endpoint given another group now takes that group's leads: the deliveries of the first
+    group's leads still pending (a retry, or held back by the sweep) are not sent to it, in the
+    admin as when the change is made another way."""
+    settings.NOTIFY_REP_EMAIL = False
+    receiver.statuses = [500, 200]
+    emea, reps = make_group(1, slug="emea")
+    amer, _ = make_group(1, slug="amer")
+    endpoint = WebhookEndpoint.objects.create(group=emea, url=receiver.url)
+    first, second = dispatched(emea, reps[0], [7, 8])
+    assert services.delivery_attempt(delivery_id=first) is not None  # retried later
+    r = admin_client.post(
+        f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/",
+        {"group": amer.pk, "url": receiver.url, "active": "on"},
+    )
+    assert r.status_code == 302
+    assert [(d.status, d.last_error) for d in Delivery.objects.filter(pk__in=[first, second]).order_by("id")] == [
+        ("failed", "the endpoint was moved to another group")
+    ] * 2
+    other = WebhookEndpoint.objects.create(group=emea, url=receiver.url)
+    [third] = dispatched(emea, reps[0], [9])
+    WebhookEndpoint.objects.filter(pk=other.pk).update(group=amer)  # moved outside the admin
+    assert services.delivery_attempt(delivery_id=third) is None
+    assert Delivery.objects.get(pk=third).last_error == "the endpoint was moved to another group"
+    assert len(receiver.requests) == 1
