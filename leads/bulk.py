@@ -459,7 +459,9 @@ def _validate(
     data: dict[str, Any] = {}
     attributes: dict[str, Any] = {}
     errors: dict[str, list[str]] = {}
-    if len(cells) > len(columns):
+    if len(cells) > len(columns) and any(c.strip() for c in cells[len(columns) :]):
+        # Blank cells past the header (trailing delimiters) carry nothing; a value there has no
+        # column to go to.
         errors["row"] = [f"{len(cells)} cells for {len(columns)} columns."]
     if any(_UNDECODED.search(c) for c in cells):
         # The bytes `csv_text` could not read as UTF-8 (kept as lone surrogates, never stored).

@@ -119,6 +119,23 @@ def test_blank_lines_above_the_header_and_unnamed_trailing_columns_are_read_as_s
     assert list(Lead.objects.values_list("external_id", flat=True)) == ["b-1"]
 
 
+def test_blank_cells_past_the_header_are_ignored_and_a_value_there_is_a_bad_row(make_group):
+    """Trailing delimiters on a row (a spreadsheet or a script padding its rows) carry nothing:
+    the row is read as if they were not there. A value past the header's columns is a bad row,
+    as is one in a column without a name."""
+    make_group(1, slug="emea")
+    text = io.StringIO(
+        "external_id,email,group\n"
+        "p-1,one@customer.example,emea,,\n"
+        "p-2,two@customer.example,emea, ,\n"
+        "p-3,three@customer.example,emea,,Acme\n"
+    )
+    report = run(text)
+    assert (report.rows, report.imported, report.invalid) == (3, 2, 1)
+    assert [(e.line, e.errors) for e in report.errors] == [(4, {"row": ["5 cells for 3 columns."]})]
+    assert sorted(Lead.objects.values_list("external_id", flat=True)) == ["p-1", "p-2"]
+
+
 def test_the_validation_memo_keeps_short_values_only():
     # Repeated values (countries, sources) are validated once; a long cell is not kept, or a
     # file of distinct 100 KB cells made memory grow with the file (240 MB for 150 MB).
