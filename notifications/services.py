@@ -194,7 +194,7 @@ def outbox_add_many(*, messages: list[dict[str, Any]]) -> int:
 _down_until = 0.0
 
 
-def _enqueue(task_name: str, arg: int | None) -> None:
+def _enqueue(task_name: str, arg: int | list[int] | None) -> None:
     """Publishes a task; a broker outage must not fail or slow the request: after a failure,
     publishing is skipped for a few seconds (a small circuit breaker) and the sweep delivers."""
     global _down_until
@@ -218,6 +218,19 @@ def enqueue_reset() -> None:
 def _enqueue_sends(ids: list[int]) -> None:
     for delivery_id in ids:
         _enqueue("notifications.delivery_send", delivery_id)
+
+
+def deliveries_publish(*, ids: list[int]) -> None:
+    """Publishes a send for each delivery (the `deliveries_publish` task, in the notify worker)."""
+    _enqueue_sends(ids)
+
+
+def _publish_on_commit(ids: list[int]) -> None:
+    """After commit, one task publishes the sends in the notify worker: an endpoint re-pointed
+    with thousands of deliveries pending (after an import) held the admin's answer for minutes
+    while each send was published from its request."""
+    if ids:
+        transaction.on_commit(lambda: _enqueue("notifications.deliveries_publish", ids), robust=True)
 
 
 # --- fan-out --------------------------------------------------------------------------------
@@ -441,15 +454,18 @@ def endpoint_repointed(*, endpoint_id: int) -> list[int]:
     keeps its own outcome. Returns the ids of the deliveries brought forward."""
     now = timezone.now()
     WebhookEndpoint.objects.filter(pk=endpoint_id).update(unreachable_until=None)
+    pending = Delivery.objects.filter(
+        endpoint_id=endpoint_id, channel=Delivery.Channel.WEBHOOK, status=Delivery.Status.PENDING
+    )
     ids = list(
-        Delivery.objects.select_for_update(skip_locked=True)
-        .filter(endpoint_id=endpoint_id, channel=Delivery.Channel.WEBHOOK, status=Delivery.Status.PENDING)
+        pending.select_for_update(skip_locked=True)
+        .filter(next_attempt_at__gt=now)
         .order_by("id")
         .values_list("id", flat=True)
     )
     if ids:
         Delivery.objects.filter(pk__in=ids).update(next_attempt_at=now)
-        transaction.on_commit(lambda: _enqueue_sends(ids), robust=True)
+    _publish_on_commit(ids)
     return ids
 
 
@@ -484,7 +500,7 @@ def deliveries_send_again(*, ids: list[int]) -> list[int]:
     )
     if again:
         Delivery.objects.filter(pk__in=again).update(status=Delivery.Status.PENDING, attempts=0, next_attempt_at=now)
-        transaction.on_commit(lambda: _enqueue_sends(again), robust=True)
+    _publish_on_commit(again)
     return again
 
 

@@ -31,6 +31,14 @@ def delivery_send(self: Any, delivery_id: int) -> None:
         raise self.retry(countdown=retry_in)
 
 
+@shared_task(name="notifications.deliveries_publish", acks_late=True)
+def deliveries_publish(delivery_ids: list[int]) -> int:
+    """Publishes a send per delivery: many at once (an endpoint re-pointed, deliveries sent
+    again from the admin), off the request that asked for them."""
+    services.deliveries_publish(ids=delivery_ids)
+    return len(delivery_ids)
+
+
 @shared_task(name="notifications.outbox_sweep", acks_late=True)
 def outbox_sweep() -> dict[str, int]:
     """The safety net: messages and retries whose task was lost (broker down, worker killed)."""
