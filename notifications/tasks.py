@@ -27,7 +27,11 @@ def outbox_drain() -> int:
 def delivery_send(self: Any, delivery_id: int) -> None:
     # The attempt count lives on the Delivery row (NOTIFY_MAX_ATTEMPTS), not in Celery.
     retry_in = services.delivery_attempt(delivery_id=delivery_id)
-    if retry_in is not None:
+    # A retry further off than the horizon gets no task: the outbox sweep sends it when due
+    # (its `next_attempt_at`). A worker holds every countdown task in memory, and one past the
+    # broker's visibility timeout is delivered again: thousands of deliveries waiting on a
+    # receiver down for an hour stay rows in PostgreSQL, not tasks in the worker.
+    if retry_in is not None and retry_in <= settings.NOTIFY_TIMER_HORIZON_S:
         raise self.retry(countdown=retry_in)
 
 

@@ -289,9 +289,15 @@ PUBLIC_BASE_URL = env("PUBLIC_BASE_URL", default="http://127.0.0.1:8000")
 # How long the accept link of a notification e-mail works (leads/accept_link.py).
 ACCEPT_LINK_MAX_AGE_S = env.int("ACCEPT_LINK_MAX_AGE_S", default=7 * 24 * 3600)
 NOTIFY_REP_EMAIL = env.bool("NOTIFY_REP_EMAIL", default=True)
-NOTIFY_MAX_ATTEMPTS = env.int("NOTIFY_MAX_ATTEMPTS", default=8)
+# Retries: 5 s, 10 s, 20 s ... doubling up to 30 min, 15 attempts in all: a receiver down for
+# up to about three hours still gets every message.
+NOTIFY_MAX_ATTEMPTS = env.int("NOTIFY_MAX_ATTEMPTS", default=15)
 NOTIFY_BACKOFF_BASE_S = env.float("NOTIFY_BACKOFF_BASE_S", default=5.0)
 NOTIFY_BACKOFF_MAX_S = env.float("NOTIFY_BACKOFF_MAX_S", default=1800.0)
+# A retry due within this gets a countdown task; a later one is sent by the outbox sweep when
+# due (at most NOTIFY_SWEEP_GRACE_S plus the sweep's period late). Well under the broker's
+# visibility timeout, as the SLA timers' horizon.
+NOTIFY_TIMER_HORIZON_S = env.float("NOTIFY_TIMER_HORIZON_S", default=300.0)
 NOTIFY_WEBHOOK_TIMEOUT_S = env.float("NOTIFY_WEBHOOK_TIMEOUT_S", default=5.0)
 # The sweep re-drives messages and retries overdue by this much (their task was lost).
 NOTIFY_SWEEP_GRACE_S = env.float("NOTIFY_SWEEP_GRACE_S", default=30.0)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from unittest import mock
 
 import pytest
 from django.core import mail
@@ -1079,3 +1080,38 @@ def test_an_endpoint_moved_to_another_group_gets_none_of_the_first_groups_pendin
     assert services.delivery_attempt(delivery_id=third) is None
     assert Delivery.objects.get(pk=third).last_error == "the endpoint was moved to another group"
     assert len(receiver.requests) == 1
+
+
+@pytest.mark.parametrize(("base_s", "timer"), [(5.0, True), (600.0, False)])
+def test_a_retry_beyond_the_horizon_is_left_to_the_sweep(post_lead, make_group, receiver, settings, base_s, timer):
+    """A worker holds every countdown task in memory: a retry due within NOTIFY_TIMER_HORIZON_S
+    gets one, a later one stays a row that the outbox sweep sends once it is due."""
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_BACKOFF_BASE_S, settings.NOTIFY_TIMER_HORIZON_S = base_s, 300.0
+    group, _ = make_group(1, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.statuses = [502, 200]
+    post_lead(group="emea")
+    [delivery_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+    countdowns: list[float] = []
+
+    def retry(*, countdown: float, **_options) -> Exception:
+        countdowns.append(countdown)
+        return RuntimeError("retry published")
+
+    with mock.patch.object(tasks.delivery_send, "retry", retry):
+        if timer:
+            with pytest.raises(RuntimeError, match="retry published"):
+                tasks.delivery_send.run(delivery_id)
+        else:
+            tasks.delivery_send.run(delivery_id)
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts) == ("pending", 1)
+    assert len(countdowns) == (1 if timer else 0)
+    assert delivery_id not in services.deliveries_due(older_than_s=settings.NOTIFY_SWEEP_GRACE_S)
+    overdue = timezone.now() - timedelta(seconds=settings.NOTIFY_SWEEP_GRACE_S + 1)
+    Delivery.objects.filter(pk=delivery_id).update(next_attempt_at=overdue)
+    assert services.deliveries_due(older_than_s=settings.NOTIFY_SWEEP_GRACE_S) == [delivery_id]
+    tasks.delivery_send.run(delivery_id)
+    d.refresh_from_db()
+    assert (d.status, d.attempts) == ("sent", 2)
