@@ -514,6 +514,24 @@ def deliveries_due(*, older_than_s: float, limit: int = 500) -> list[int]:
     )
 
 
+def purge(*, now: datetime | None = None, batch: int = 5000) -> int:
+    """Deletes the messages announced more than NOTIFY_RETENTION_DAYS ago whose deliveries are
+    all finished (sent or failed), with those deliveries: the outbox and the delivery log keep
+    a window, not every lead ever announced. A message with a delivery still pending stays.
+    In batches (short transactions); returns the number of messages deleted."""
+    cutoff = (now or timezone.now()) - timedelta(days=settings.NOTIFY_RETENTION_DAYS)
+    finished = OutboxMessage.objects.filter(created_at__lt=cutoff, dispatched_at__isnull=False).exclude(
+        deliveries__status=Delivery.Status.PENDING
+    )
+    deleted = 0
+    while ids := list(finished.order_by("id").values_list("id", flat=True)[:batch]):
+        with transaction.atomic():
+            Delivery.objects.filter(message_id__in=ids).delete()
+            OutboxMessage.objects.filter(id__in=ids).delete()
+        deleted += len(ids)
+    return deleted
+
+
 def sign(secret: str, body: bytes, at: int | None = None) -> str:
     """The same scheme as signed intake: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">."""
     t = int(time.time()) if at is None else at

@@ -52,3 +52,9 @@ def outbox_sweep() -> dict[str, int]:
     for delivery_id in due:
         delivery_send.delay(delivery_id)
     return {"dispatched": dispatched, "retried": len(due)}
+
+
+@shared_task(name="notifications.purge")
+def purge() -> int:
+    """Beat, hourly: drops announced messages and their finished deliveries past retention."""
+    return services.purge()

@@ -308,6 +308,13 @@ CELERY_BEAT_SCHEDULE["notifications-outbox-sweep"] = {
     "schedule": 30.0,
     "options": {"expires": 30.0},
 }
+# Announced messages and their finished deliveries (the delivery log) are kept this long.
+NOTIFY_RETENTION_DAYS = env.int("NOTIFY_RETENTION_DAYS", default=30)
+CELERY_BEAT_SCHEDULE["notifications-purge"] = {
+    "task": "notifications.purge",
+    "schedule": 3600.0,
+    "options": {"expires": 3600.0},
+}
 
 # --- API ------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -1115,3 +1115,27 @@ def test_a_retry_beyond_the_horizon_is_left_to_the_sweep(post_lead, make_group, 
     tasks.delivery_send.run(delivery_id)
     d.refresh_from_db()
     assert (d.status, d.attempts) == ("sent", 2)
+
+
+def test_announced_messages_past_retention_are_purged_with_their_finished_deliveries(post_lead, make_group, settings):
+    settings.NOTIFY_RETENTION_DAYS = 30
+    group, _ = make_group(1, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/hook")
+    for _ in range(5):
+        post_lead(group="emea")
+    messages = list(OutboxMessage.objects.order_by("id"))
+    for message in messages[:4]:
+        services.outbox_dispatch(message_id=message.id)
+    old_sent, old_failed, old_pending, recent, old_undispatched = messages
+    Delivery.objects.filter(message=old_sent).update(status="sent")
+    Delivery.objects.filter(message=old_failed).update(status="failed")
+    Delivery.objects.filter(message=old_pending, channel="webhook").update(status="failed")  # its e-mail pending
+    Delivery.objects.filter(message=recent).update(status="sent")
+    long_ago = timezone.now() - timedelta(days=31)
+    OutboxMessage.objects.exclude(pk=recent.pk).update(created_at=long_ago)
+
+    assert services.purge(batch=1) == 2
+    assert set(OutboxMessage.objects.values_list("id", flat=True)) == {old_pending.id, recent.id, old_undispatched.id}
+    assert not Delivery.objects.filter(message_id__in=[old_sent.id, old_failed.id]).exists()
+    assert Delivery.objects.filter(message=old_pending).count() == 2
+    assert tasks.purge.apply().get() == 0  # the hourly task: nothing more past retention
