@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
 from routing_project.admin_forms import STRICT_JSON
-from security.admin_views import shown_once
+from security.admin_views import SuperusersOnly, shown_once
 
 from . import services
 from .models import IntakeSource, field_map_problems
@@ -33,7 +33,7 @@ class IntakeSourceForm(forms.ModelForm):
 
 
 @admin.register(IntakeSource)
-class IntakeSourceAdmin(admin.ModelAdmin):
+class IntakeSourceAdmin(SuperusersOnly, admin.ModelAdmin):
     formfield_overrides = STRICT_JSON
     """Web forms allowed to post signed leads. The secret is shown once (on creation and on
     rotation) and never again."""

@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
-from security.admin_views import shown_once
+from security.admin_views import SuperusersOnly, shown_once
 
 from .models import ApiClient
 from .tokens import (
@@ -39,7 +39,7 @@ class ApiClientForm(forms.ModelForm):
 
 
 @admin.register(ApiClient)
-class ApiClientAdmin(admin.ModelAdmin):
+class ApiClientAdmin(SuperusersOnly, admin.ModelAdmin):
     """Only the token's SHA-256 is stored; the token itself is shown once, on creation."""
 
     form = ApiClientForm

@@ -11,6 +11,7 @@ from django.utils.html import format_html
 from audit.models import AuditEvent
 from audit.services import audit_record
 from routing_project.admin_lists import EstimatedCountPaginator
+from security.admin_views import SuperusersOnly
 
 from . import services
 from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret
@@ -21,7 +22,7 @@ def _actor(request: HttpRequest) -> str:
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     """A group's webhook receivers. The signing secret is shown once (on creation and on
     rotation) and never again, like intake sources' secrets."""
 

@@ -164,6 +164,43 @@ def test_credentials_are_for_superusers_only(role):
         assert client.get(url).status_code == 403
 
 
+def test_credentials_stay_with_superusers_whatever_a_staff_user_was_granted(make_group):
+    """A staff user given the credential models' permissions by hand (say every permission
+    ticked in the user's page) still cannot mint a token, read or rotate a secret, or point a
+    webhook, with the group's leads' contact data, at an address of their own."""
+    from django.contrib.auth.models import Permission
+
+    group, _ = make_group(1, slug="emea")
+    user = User.objects.create_user(f"u-{uuid.uuid4().hex[:8]}", password="pw-for-tests-only", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label__in=("leads", "hooks", "notifications"),
+            content_type__model__in=("apiclient", "intakesource", "webhookendpoint"),
+        )
+    )
+    client = Client()
+    client.force_login(user)
+    for url in (
+        "/admin/leads/apiclient/",
+        "/admin/leads/apiclient/add/",
+        "/admin/hooks/intakesource/",
+        "/admin/hooks/intakesource/add/",
+        "/admin/notifications/webhookendpoint/",
+        "/admin/notifications/webhookendpoint/add/",
+    ):
+        assert client.get(url).status_code == 403, url
+    r = client.post("/admin/leads/apiclient/add/", {"name": "mine", "scopes": ["manage"], "active": "on"})
+    assert r.status_code == 403 and not ApiClient.objects.filter(name="mine").exists()
+    r = client.post(
+        "/admin/notifications/webhookendpoint/add/",
+        {"group": group.pk, "url": "https://collector.example/leads", "active": "on"},
+    )
+    assert r.status_code == 403 and not group.webhook_endpoints.exists()
+    index = client.get("/admin/")
+    assert b"/admin/leads/apiclient/" not in index.content
+    assert b"/admin/hooks/intakesource/" not in index.content
+
+
 @pytest.fixture
 def root() -> Client:
     user = User.objects.create_superuser(f"root-{uuid.uuid4().hex[:6]}", "root@example.com", "pw-for-tests-only")
