@@ -18,6 +18,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
+from rotation.models import is_timezone
+
 from . import actions
 from .models import Lead, LeadStatus
 from .routing import RoutingBusy
@@ -64,4 +66,8 @@ def accept_page(request: HttpRequest, token: str) -> HttpResponse:
 
 
 def _page(request: HttpRequest, status: int, message: str, **context: Any) -> HttpResponse:
-    return render(request, "leads/accept.html", {"message": message, **context}, status=status)
+    lead = context.get("lead")
+    if context.get("owner") and lead is not None and lead.owner is not None and is_timezone(lead.owner.timezone):
+        # The due time on the owner's clock, as their notification e-mail gives it.
+        context["zone"] = lead.owner.timezone
+    return render(request, "leads/accept.html", {"zone": "UTC", "message": message, **context}, status=status)

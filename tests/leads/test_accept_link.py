@@ -59,6 +59,19 @@ def test_the_owner_accepts_from_the_emailed_link_and_the_sla_stops(routed):
     assert again.status_code == 200 and "You have accepted this lead" in again.content.decode()
 
 
+def test_the_page_gives_the_due_time_on_the_reps_clock_as_the_email_does(routed):
+    lead, _reps = routed
+    owner = lead.owner
+    owner.timezone = "America/New_York"
+    owner.save(update_fields=["timezone"])
+    path = emailed_link(lead)
+    [email] = mail.outbox
+    due = re.search(r"Accept before: (.+)", email.body).group(1).strip()
+    assert due.endswith("(America/New_York)")
+    page = Client().get(path).content.decode()
+    assert f"<dt>Accept before</dt><dd>{due}</dd>" in page
+
+
 def test_a_post_without_the_pages_csrf_token_accepts_nothing(routed):
     lead, _reps = routed
     r = Client(enforce_csrf_checks=True).post(accept_path(lead_id=lead.id, rep_id=lead.owner_id))
