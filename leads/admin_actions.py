@@ -19,6 +19,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from audit.models import AuditEvent
+from rotation.eligibility import reason_in_words
 from rotation.models import Rep
 
 from . import actions
@@ -49,7 +50,7 @@ class AssignForm(forms.Form):
         field.shared_names = frozenset(shared.values_list("name", flat=True))
 
 
-def _not_eligible_note(*, lead_id: int, actor: str) -> str:
+def _not_eligible_note(*, lead_id: int, actor: str, rep: Rep) -> str:
     """Why the rep just given the lead by hand cannot work it now (out of office, paused, off
     hours, over a cap, not in the lead's group), as the reassign's audit event recorded it."""
     event = (
@@ -60,7 +61,7 @@ def _not_eligible_note(*, lead_id: int, actor: str) -> str:
     e = event.explanation if event is not None else {}
     notes = []
     if e.get("not_eligible_because"):
-        notes.append(str(e["not_eligible_because"]))
+        notes.append(reason_in_words(str(e["not_eligible_because"]), rep.timezone))
     if e.get("over_cap"):
         notes.append("over cap: " + ", ".join(e.get("caps", {}).get("exceeded", [])))
     if e.get("member_of_group") is False:
@@ -126,7 +127,7 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
             actions.lead_reassign(
                 lead_id=lead.pk, rep_id=rep.pk, reason=reason, actor=actor, only_queued=_from_queue(modeladmin)
             )
-            if note := _not_eligible_note(lead_id=lead.pk, actor=actor):
+            if note := _not_eligible_note(lead_id=lead.pk, actor=actor, rep=rep):
                 notes.setdefault(note, []).append(lead.pk)
 
         _run_each(modeladmin, request, queryset.order_by("id"), assign, f"assigned to {rep.name}")
@@ -272,7 +273,7 @@ class LeadActionsAdminMixin:
                 form.add_error("rep", "; ".join(m for ms in exc.errors.values() for m in ms))
             else:
                 self.message_user(request, f"Lead #{lead.pk} reassigned to {rep.name}.", messages.SUCCESS)  # type: ignore[attr-defined]
-                if note := _not_eligible_note(lead_id=lead.pk, actor=admin_actor(request)):
+                if note := _not_eligible_note(lead_id=lead.pk, actor=admin_actor(request), rep=rep):
                     _warn_not_eligible(self, request, rep, {note: [lead.pk]})
                 return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
         context = {

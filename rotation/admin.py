@@ -19,6 +19,7 @@ from routing_project.api import ascii_email
 
 from . import services
 from .domains import domain_unicode
+from .eligibility import reason_in_words
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule, is_timezone
 from .services import MAX_POSITION, MAX_PRIORITY
 
@@ -218,7 +219,12 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         stored = Group.objects.filter(pk=obj.pk).first()
         if stored is None:
             return "—"
-        return render_to_string("admin/rotation/rotation_view.html", {"view": rotation_view(group=stored)})
+        view = rotation_view(group=stored)
+        zones = dict(Rep.objects.filter(pk__in=[m["rep"]["id"] for m in view["members"]]).values_list("pk", "timezone"))
+        for m in view["members"]:
+            if m["reason"]:
+                m["reason"] = reason_in_words(m["reason"], zones.get(m["rep"]["id"], "UTC"))
+        return render_to_string("admin/rotation/rotation_view.html", {"view": view})
 
     def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:
         services.group_save(group=obj, actor=admin_actor(request), changed=form.changed_data)

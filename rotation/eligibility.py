@@ -94,6 +94,22 @@ def within_working_hours(working_hours: Mapping[str, Any] | None, tz: str, now: 
     return any(parse_hhmm(s) <= clock < parse_hhmm(e) for s, e in spans)
 
 
+AWAY_UNTIL = "out of office until "
+
+
+def reason_in_words(reason: str, tz: str) -> str:
+    """A reason as a manager reads it on a page: the time an absent rep is back in the rep's
+    time zone, to the minute ("out of office until 2027-01-05 09:30 (Europe/Paris)"), where the
+    API and the audit trail carry it as an ISO timestamp."""
+    if not reason.startswith(AWAY_UNTIL):
+        return reason
+    try:
+        back = datetime.fromisoformat(reason.removeprefix(AWAY_UNTIL)).astimezone(ZoneInfo(tz))
+    except (ValueError, KeyError):
+        return reason
+    return f"{AWAY_UNTIL}{back:%Y-%m-%d %H:%M} ({tz})"
+
+
 def eligibility(m: MemberFacts, now: datetime) -> tuple[bool, str]:
     """(eligible, reason). The reason names the first thing that keeps the member out."""
     if not m.rep_active:
@@ -102,7 +118,7 @@ def eligibility(m: MemberFacts, now: datetime) -> tuple[bool, str]:
         return False, "paused in this group" + (f" ({m.paused_reason})" if m.paused_reason else "")
     for starts, ends in m.absences:
         if starts <= now < ends:
-            return False, f"out of office until {ends.isoformat()}"
+            return False, f"{AWAY_UNTIL}{ends.isoformat()}"
     try:
         within = within_working_hours(m.working_hours, m.rep_timezone, now)
     except (ValueError, TypeError, AttributeError, KeyError):

@@ -146,6 +146,24 @@ def test_reassign_from_the_lead_page(api, make_group, manager):
     assert again.status_code == 200 and b"already owns" in again.content
 
 
+def test_reassigning_to_a_rep_away_says_when_the_rep_is_back_in_the_reps_time_zone(api, make_group, manager):
+    from datetime import UTC, datetime, timedelta
+
+    from django.utils import timezone
+
+    from rotation.models import Absence
+
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    reps[1].timezone = "America/New_York"
+    reps[1].save(update_fields=["timezone"])
+    back = datetime(timezone.now().year + 1, 3, 2, 14, 5, 59, 500, tzinfo=UTC)
+    Absence.objects.create(rep=reps[1], starts_at=timezone.now() - timedelta(hours=1), ends_at=back)
+    r = manager.post(f"/admin/leads/lead/{lead_id}/reassign/", {"rep": reps[1].id, "reason": "cover"}, follow=True)
+    warning = [str(m) for m in r.context["messages"]][1]
+    assert f"(out of office until {back.year}-03-02 09:05 (America/New_York))" in warning, warning
+
+
 def test_the_rep_choices_tell_apart_two_reps_of_the_same_name(api, make_group, manager):
     """Both showed as "Ana Souza": the manager could not tell which one would get the lead."""
     from rotation.models import Rep

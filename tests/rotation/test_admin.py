@@ -673,3 +673,22 @@ def test_a_save_of_a_rep_page_holding_an_absence_removed_since_is_refused_and_sa
     r = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form, follow=True)
     assert "removed by someone else since the page was read" in r.content.decode()
     assert not AuditEvent.objects.filter(type="rep.changed", explanation__action="changed").exists()
+
+
+def test_group_page_says_when_a_rep_away_is_back_in_the_reps_time_zone(staff, make_group):
+    """ "out of office until 2026-12-04T13:17:46.567557+00:00" is the API's reason; on the
+    page a manager reads the date and time the rep is back, in the rep's time zone."""
+    from datetime import UTC, datetime, timedelta
+
+    from django.utils import timezone
+
+    from rotation.models import Absence
+
+    group, reps = make_group(2, slug="emea")
+    reps[1].timezone = "Europe/Paris"
+    reps[1].save(update_fields=["timezone"])
+    back = datetime(timezone.now().year + 1, 1, 5, 8, 30, 15, 123456, tzinfo=UTC)
+    Absence.objects.create(rep=reps[1], starts_at=timezone.now() - timedelta(hours=1), ends_at=back)
+    html = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
+    assert f"no: out of office until {back.year}-01-05 09:30 (Europe/Paris)" in html
+    assert back.isoformat() not in html
