@@ -55,6 +55,7 @@ class RepRow:
     median_accept_s: float | None = None
     share: float = 0.0  # of the group's assignments in the window
     weight_share: float = 0.0  # of the weights of the members taking part (active, or given leads)
+    rep_active: bool = True  # else the rep takes no leads anywhere (`active` False: paused here, or this)
 
     @property
     def median_accept(self) -> str:
@@ -112,7 +113,7 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
     by_slug = {g.slug: panels[g.id] for g in groups}
     rows: dict[tuple[int, int], RepRow] = {}
     for m in Membership.objects.filter(group_id__in=panels).select_related("rep").order_by("group_id", "position"):
-        row = RepRow(m.rep_id, m.rep.name, m.weight, m.active and m.rep.active)
+        row = RepRow(m.rep_id, m.rep.name, m.weight, m.active and m.rep.active, rep_active=m.rep.active)
         rows[(m.group_id, m.rep_id)] = row
         panels[m.group_id].reps.append(row)
 

@@ -335,3 +335,17 @@ def test_leads_assigned_by_hand_to_a_rep_outside_the_group_are_not_said_to_be_of
     html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
     assert "no longer in the group" not in html
     assert "1 assignment to reps who are not members of the group" in html
+
+
+def test_a_rep_made_inactive_is_said_inactive_not_paused_in_the_group(admin_client, make_group, post_lead):
+    """Pausing is a membership's (the rep still works the other groups); a rep made inactive
+    takes no leads anywhere: the table said "(paused)" for both."""
+    from rotation.models import Rep
+
+    group, (a, b, c) = make_group(3, slug="emea")
+    Membership.objects.filter(group=group, rep=b).update(active=False)
+    Rep.objects.filter(pk=c.pk).update(active=False)
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert f"<td>{a.name}</td>" in html
+    assert f"<td>{b.name} <small>(paused in this group)</small></td>" in html
+    assert f"<td>{c.name} <small>(rep inactive)</small></td>" in html
