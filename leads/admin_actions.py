@@ -60,10 +60,14 @@ def _not_eligible_note(*, lead_id: int, actor: str, rep: Rep) -> str:
     )
     e = event.explanation if event is not None else {}
     notes = []
-    if e.get("not_eligible_because"):
-        notes.append(reason_in_words(str(e["not_eligible_because"]), rep.timezone))
-    if e.get("over_cap"):
-        notes.append("over cap: " + ", ".join(e.get("caps", {}).get("exceeded", [])))
+    caps = e.get("caps") or {}
+    exceeded = caps.get("exceeded", []) if e.get("over_cap") else []
+    why = str(e.get("not_eligible_because") or "")
+    # A cap's reason carries the running count ("at max_open cap (3/2)", then "(4/2)"): said as
+    # the cap alone, so that the leads given past it share one warning, not one each.
+    if why and not (exceeded and why.startswith(("at max_open cap", "at max_per_day cap"))):
+        notes.append(reason_in_words(why, rep.timezone))
+    notes.extend(f"over its {name} cap of {caps.get(name)}" for name in exceeded)
     if e.get("member_of_group") is False:
         notes.append("not a member of the lead's group")
     return "; ".join(notes)

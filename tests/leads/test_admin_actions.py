@@ -128,6 +128,30 @@ def test_assigning_many_leads_to_a_rep_not_eligible_now_names_the_first_20(api, 
     )
 
 
+def test_assigning_leads_past_a_reps_cap_warns_once_for_them_all(api, make_group, manager):
+    """Each lead past the cap had a warning of its own ("at max_open cap (2/2)", "(3/2)",
+    "(4/2)"...): a wall of messages, one per lead, for one fact."""
+    group, reps = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(max_open=2)
+    group.active = False
+    group.save(update_fields=["active"])
+    ids = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"] for _ in range(5)]
+    group.active = True
+    group.save(update_fields=["active"])
+    r = manager.post(
+        "/admin/leads/queuedlead/",
+        {"action": "assign_to_rep", "_selected_action": ids, "apply": "1", "rep": reps[0].id, "reason": "cover"},
+        follow=True,
+    )
+    shown = [str(m) for m in r.context["messages"]]
+    over = ", ".join(f"#{pk}" for pk in sorted(ids)[2:])
+    assert shown == [
+        f"5 lead(s) assigned to {reps[0].name}.",
+        f"{reps[0].name} is not eligible now (over its max_open cap of 2): {over} will wait with them until they "
+        "can take it or its SLA escalates.",
+    ]
+
+
 def test_reassign_from_the_lead_page(api, make_group, manager):
     group, reps = make_group(2, slug="emea")
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
