@@ -188,6 +188,17 @@ def test_reassigning_to_a_rep_away_says_when_the_rep_is_back_in_the_reps_time_zo
     assert f"(out of office until {back.year}-03-02 09:05 (America/New_York))" in warning, warning
 
 
+def test_the_reassign_page_of_a_queued_lead_says_why_it_is_queued(api, make_group, manager):
+    """Reached from the queue's "Assign…": the manager picks a rep knowing why none was found."""
+    from django.utils.html import escape
+
+    group, reps, ids = queued_leads(api, make_group, 1)
+    reason = Lead.objects.get(pk=ids[0]).queue_reason
+    assert reason
+    html = manager.get(f"/admin/leads/lead/{ids[0]}/reassign/").content.decode()
+    assert f"is <strong>queued</strong> in emea: {escape(reason)}." in " ".join(html.split())
+
+
 def test_the_rep_choices_tell_apart_two_reps_of_the_same_name(api, make_group, manager):
     """Both showed as "Ana Souza": the manager could not tell which one would get the lead."""
     from rotation.models import Rep
