@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
+
+_AWAY_UNTIL = "out of office until "  # rotation/eligibility.py's reason, with an ISO timestamp
 
 
 def rep_ids(explanation: Mapping[str, Any], rep_id: int | None) -> set[int]:
@@ -19,6 +22,19 @@ def rep_ids(explanation: Mapping[str, Any], rep_id: int | None) -> set[int]:
     return ids
 
 
+def _reason(reason: Any) -> str:
+    """A reason in a sentence: the time an absent rep is back to the minute, in UTC as the
+    trail's times are ("out of office until 2027-01-05 08:30 UTC"), not an ISO timestamp."""
+    text = str(reason)
+    if text.startswith(_AWAY_UNTIL):
+        try:
+            back = datetime.fromisoformat(text.removeprefix(_AWAY_UNTIL)).astimezone(UTC)
+        except ValueError:
+            return text
+        return f"{_AWAY_UNTIL}{back:%Y-%m-%d %H:%M} UTC"
+    return text
+
+
 def _name(rep: Any, names: Mapping[int, str]) -> str:
     if rep is None:
         return "nobody"
@@ -28,7 +44,7 @@ def _name(rep: Any, names: Mapping[int, str]) -> str:
 def _skipped(candidates: Iterable[Mapping[str, Any]], chosen: Any = None) -> str:
     """The candidates passed over, each with why (the chosen one is named apart)."""
     parts = [
-        f"{c.get('name') or _name(c.get('rep'), {})}: {c.get('reason')}"
+        f"{c.get('name') or _name(c.get('rep'), {})}: {_reason(c.get('reason'))}"
         + (f" (weight {c['weight']})" if c.get("weight") is not None else "")
         for c in candidates
         if c.get("reason") != "chosen" and (chosen is None or c.get("rep") != chosen)
@@ -45,7 +61,8 @@ def _owner_passed_over(owner_match: Any, names: Mapping[int, str]) -> str:
     if not isinstance(owner_match, Mapping) or not owner_match.get("owner_skipped"):
         return ""
     owner = _name(owner_match.get("owner"), names)
-    return f"; account owner {owner} of {owner_match.get('account')} passed over: {owner_match['owner_skipped']}"
+    why = _reason(owner_match["owner_skipped"])
+    return f"; account owner {owner} of {owner_match.get('account')} passed over: {why}"
 
 
 def _missed(e: Mapping[str, Any], names: Mapping[int, str]) -> str:
@@ -113,7 +130,7 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
         text = f"Assigned by hand from {was} to {_name(e.get('to_rep'), names)}"
         text += f": “{e.get('reason', '')}”"
         if e.get("not_eligible_because"):
-            text += f"; the rep was not eligible ({e['not_eligible_because']})"
+            text += f"; the rep was not eligible ({_reason(e['not_eligible_because'])})"
         if e.get("over_cap"):
             text += f"; over cap ({', '.join(e.get('caps', {}).get('exceeded', []))})"
         if e.get("member_of_group") is False:

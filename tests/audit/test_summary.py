@@ -154,3 +154,21 @@ def test_a_reroute_says_where_the_lead_was_before(api, make_group):
     text = summary(event)
     assert text.startswith(f"Rerouted from {first.name} (#{first.id}) in group smb (was assigned). Given to "), text
     assert "rule “France” matched, group emea" in text, text
+
+
+def test_a_rep_out_of_office_is_said_back_at_a_time_to_the_minute(api, make_group):
+    """ "out of office until 2027-01-05T08:30:15.123456+00:00" in a sentence: said to the minute."""
+    from datetime import UTC, datetime
+
+    from rotation.models import Absence
+
+    group, reps = make_group(2, slug="emea")
+    back = datetime(timezone.now().year + 1, 1, 5, 8, 30, 15, 123456, tzinfo=UTC)
+    Absence.objects.create(rep=reps[0], starts_at=timezone.now() - timedelta(hours=1), ends_at=back)
+    lead = post(api, group="emea")
+    text = summary(AuditEvent.objects.get(lead_id=lead["id"], type="lead.assigned"))
+    assert f"{reps[0].name}: out of office until {back.year}-01-05 08:30 UTC" in text, text
+    actions.lead_reassign(lead_id=lead["id"], rep_id=reps[0].id, reason="cover", actor="admin:maria")
+    text = summary(AuditEvent.objects.get(lead_id=lead["id"], type="lead.reassigned"))
+    assert f"(out of office until {back.year}-01-05 08:30 UTC)" in text, text
+    assert back.isoformat() not in text
