@@ -141,6 +141,26 @@ def first_batch_held(monkeypatch) -> tuple[threading.Event, threading.Event, lis
     return gate, entered, sizes
 
 
+def seven_posted_in_one_held_batch(monkeypatch, token: str, prefix: str) -> list[int]:
+    """Seven leads posted to group "g" while the first routing transaction is held: the
+    first goes alone, the six others queue behind it and are routed as one batch."""
+    gate, entered, _sizes = first_batch_held(monkeypatch)
+
+    def worker(i: int):
+        if i > 0:
+            entered.wait(10)
+        if i == 6:
+            threading.Timer(0.5, gate.set).start()
+        r = post(http_client(token), {"email": f"{prefix}{i}@batch.example", "group": "g"})
+        return r.status_code
+
+    try:
+        return run_threads(7, worker)
+    finally:
+        gate.set()
+        connections.close_all()
+
+
 def test_a_failing_batch_routes_its_leads_one_by_one(make_group, monkeypatch):
     """A batch whose shared transaction fails for another reason than a busy rotation is
     routed again lead by lead, each in its own transaction: nothing half-written, no lead
@@ -158,22 +178,7 @@ def test_a_failing_batch_routes_its_leads_one_by_one(make_group, monkeypatch):
         return real(jobs)
 
     monkeypatch.setattr(services, "_intake_locked_many", fail_first)
-    gate, entered, _sizes = first_batch_held(monkeypatch)
-
-    def worker(i: int):
-        if i > 0:
-            entered.wait(10)
-        if i == 6:
-            threading.Timer(0.5, gate.set).start()
-        r = post(http_client(token), {"email": f"f{i}@batch.example", "group": "g"})
-        return r.status_code
-
-    try:
-        statuses = run_threads(7, worker)
-    finally:
-        gate.set()
-        connections.close_all()
-    assert statuses == [201] * 7
+    assert seven_posted_in_one_held_batch(monkeypatch, token, "f") == [201] * 7
     assert calls["batch"] >= 1
     assert Lead.objects.count() == 7 and Assignment.objects.count() == 7
     assert AuditEvent.objects.filter(type="lead.assigned").count() == 7
@@ -188,22 +193,7 @@ def test_a_batch_after_a_deadlock_or_serialization_failure_is_retried_whole(make
     _client, token = api_client_with(["intake"])
     failing = fails_once_with(sqlstate, services._intake_locked_many)
     monkeypatch.setattr(services, "_intake_locked_many", failing)
-    gate, entered, _sizes = first_batch_held(monkeypatch)
-
-    def worker(i: int):
-        if i > 0:
-            entered.wait(10)
-        if i == 6:
-            threading.Timer(0.5, gate.set).start()
-        r = post(http_client(token), {"email": f"d{i}@batch.example", "group": "g"})
-        return r.status_code
-
-    try:
-        statuses = run_threads(7, worker)
-    finally:
-        gate.set()
-        connections.close_all()
-    assert statuses == [201] * 7
+    assert seven_posted_in_one_held_batch(monkeypatch, token, "d") == [201] * 7
     assert len(failing.calls) >= 2 and f"routing batch retried after {sqlstate}" in caplog.text
     leads = list(Lead.objects.order_by("id"))
     assert len(leads) == 7 and Assignment.objects.count() == 7
