@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -43,7 +43,7 @@ class IntakeSourceAdmin(SuperusersOnly, admin.ModelAdmin):
     list_filter = ("active",)
     search_fields = ("slug", "name")
     readonly_fields = ("secret_prefix", "secret_rotated_at", "previous_secret_expires_at", "created_at", "last_used_at")
-    actions = ["rotate_secret"]
+    actions = ["rotate_secret", "revoke_previous_secrets"]
 
     def save_model(self, request: HttpRequest, obj: IntakeSource, form: Any, change: bool) -> None:
         if change:
@@ -93,5 +93,15 @@ class IntakeSourceAdmin(SuperusersOnly, admin.ModelAdmin):
             stored="what verifying signatures needs, never displayed again",
             lost="rotate again",
             back=reverse("admin:hooks_intakesource_changelist"),
-            note="Signatures made with the previous secret are accepted for 24 more hours.",
+            note="Signatures made with the previous secret are accepted for 24 more hours. If it leaked, "
+            '"Revoke the old secrets now" ends that at once.',
         )
+
+    @admin.action(description="Revoke the old secrets now (after a leak)", permissions=["change"])
+    def revoke_previous_secrets(self, request: HttpRequest, queryset: QuerySet[IntakeSource]) -> None:
+        actor = _actor(request)
+        revoked = sum(1 for source in queryset if services.source_revoke_previous_secrets(source=source, actor=actor))
+        if revoked:
+            self.message_user(request, f"{revoked} source(s) now accept signatures under their current secret only.")
+        else:
+            self.message_user(request, "None of these sources had an old secret still valid.", messages.WARNING)

@@ -50,7 +50,7 @@ class IntakeSource(models.Model):
     name = models.CharField(max_length=100)
     secret = SealedField(editable=False)  # encrypted at rest (security/fields.py)
     secret_prefix = models.CharField(max_length=12, editable=False, help_text="To recognise the secret.")
-    # The replaced secrets still in their grace period, one per line (hooks.services.previous_secrets).
+    # The replaced secrets still in their grace period, one per line (security/secret_rotation.py).
     previous_secret = SealedField(blank=True, default="", editable=False)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     field_map = models.JSONField(

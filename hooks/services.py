@@ -10,7 +10,7 @@ import logging
 import random
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -21,14 +21,13 @@ from audit.models import AuditEvent
 from audit.services import audit_record
 from routing_project.api import json_loads_client
 from routing_project.db import on_a_live_connection
+from security import secret_rotation
 
 from .models import HookDelivery, IntakeSource, field_map_problems
 
 logger = logging.getLogger(__name__)
 
 SIGNATURE_TOLERANCE = timedelta(minutes=5)
-ROTATION_GRACE = timedelta(hours=24)
-MAX_PREVIOUS_SECRETS = 4  # replaced secrets still in their grace period, checked on every post
 MAX_SIGNATURE_HEADER = 1024
 
 
@@ -90,28 +89,11 @@ def source_create(
 
 
 def previous_secrets(*, source: IntakeSource, now: datetime) -> list[tuple[str, datetime]]:
-    """The replaced secrets still within their grace period, newest first, with when each ends.
-
-    `previous_secret` holds one per line: the newest alone (it ends at
-    `previous_secret_expires_at`), older ones as "<secret> <unix seconds it ends>" (kept when
-    the secret is rotated again within the grace period)."""
-    if not source.previous_secret or source.previous_secret_expires_at is None:
-        return []
-    kept = []
-    for i, line in enumerate(source.previous_secret.split("\n")):
-        secret, _, ends = line.partition(" ")
-        if i == 0:
-            expires = source.previous_secret_expires_at
-        elif ends.isascii() and ends.isdigit():
-            expires = datetime.fromtimestamp(int(ends), tz=UTC)
-        else:
-            continue
-        if secret and expires > now:
-            kept.append((secret, expires))
-    return kept
+    """The replaced secrets still within their grace period, newest first, with when each ends."""
+    return secret_rotation.still_valid(source.previous_secret, source.previous_secret_expires_at, now=now)
 
 
-def source_rotate_secret(*, source: IntakeSource, actor: str, grace: timedelta = ROTATION_GRACE) -> str:
+def source_rotate_secret(*, source: IntakeSource, actor: str, grace: timedelta = secret_rotation.ROTATION_GRACE) -> str:
     """Gives the source a new secret; the old one stays valid for `grace` so senders can switch.
     A secret replaced by an earlier rotation keeps the rest of its own grace period: rotating
     again (the new secret was lost) must not cut off the forms still signing with the old one."""
@@ -119,11 +101,9 @@ def source_rotate_secret(*, source: IntakeSource, actor: str, grace: timedelta =
     now = timezone.now()
     with transaction.atomic():
         locked = IntakeSource.objects.select_for_update().get(pk=source.pk)
-        older = previous_secrets(source=locked, now=now)[: MAX_PREVIOUS_SECRETS - 1]
-        locked.previous_secret = "\n".join(
-            [locked.secret, *(f"{old} {int(expires.timestamp())}" for old, expires in older)]
+        locked.previous_secret, locked.previous_secret_expires_at = secret_rotation.replaced(
+            locked.secret, locked.previous_secret, locked.previous_secret_expires_at, now=now, grace=grace
         )
-        locked.previous_secret_expires_at = now + grace
         locked.secret, locked.secret_prefix, locked.secret_rotated_at = secret, secret[:12], now
         locked.save(
             update_fields=[
@@ -144,6 +124,23 @@ def source_rotate_secret(*, source: IntakeSource, actor: str, grace: timedelta =
             },
         )
     return secret
+
+
+def source_revoke_previous_secrets(*, source: IntakeSource, actor: str) -> int:
+    """Ends the grace period of the replaced secrets now: after a leak, a rotation alone would
+    leave the leaked secret signing leads for another day. Returns how many stopped working."""
+    with transaction.atomic():
+        locked = IntakeSource.objects.select_for_update().get(pk=source.pk)
+        revoked = len(previous_secrets(source=locked, now=timezone.now()))
+        locked.previous_secret, locked.previous_secret_expires_at = "", None
+        locked.save(update_fields=["previous_secret", "previous_secret_expires_at"])
+        if revoked:
+            audit_record(
+                type=AuditEvent.Type.CLIENT_CHANGED,
+                actor=actor,
+                explanation={"intake_source": source.slug, "change": "previous secrets revoked", "revoked": revoked},
+            )
+    return revoked
 
 
 # The fields an edit may change; the secrets are changed by rotation only.

@@ -396,6 +396,41 @@ def test_rotating_again_within_the_grace_period_keeps_every_replaced_secret_for_
     assert post_signed(source, b'{"email": "t@acme.example"}', secret=third, timestamp=now).status_code == 201
 
 
+def test_old_secrets_can_be_revoked_at_once_when_one_has_leaked(source, make_group, admin_client):
+    """A rotation keeps the replaced secret valid for a day: after a leak sales ops end that
+    day at once, and only the current secret signs leads from then on."""
+    make_group(1, slug="emea", is_default=True)
+    first = source.test_secret
+    second = services.source_rotate_secret(source=source, actor="test")
+    current = services.source_rotate_secret(source=source, actor="test")
+    source.refresh_from_db()
+    assert post_signed(source, b'{"email": "before@acme.example"}', secret=first).status_code == 201
+
+    r = admin_client.post(
+        "/admin/hooks/intakesource/",
+        {"action": "revoke_previous_secrets", "_selected_action": [source.pk]},
+        follow=True,
+    )
+    assert "1 source(s) now accept signatures under their current secret only." in r.content.decode()
+    source.refresh_from_db()
+    for i, old in enumerate((first, second)):
+        r = post_signed(source, f'{{"email": "old{i}@acme.example"}}'.encode(), secret=old)
+        assert r.status_code == 401, (i, r.content)
+    assert post_signed(source, b'{"email": "now@acme.example"}', secret=current).status_code == 201
+    [event] = AuditEvent.objects.filter(explanation__change="previous secrets revoked")
+    assert event.actor.startswith("admin:") and event.explanation["revoked"] == 2
+    assert first not in str(event.explanation) and second not in str(event.explanation)
+
+    # Nothing left to revoke: said so, and nothing more is audited.
+    r = admin_client.post(
+        "/admin/hooks/intakesource/",
+        {"action": "revoke_previous_secrets", "_selected_action": [source.pk]},
+        follow=True,
+    )
+    assert "None of these sources had an old secret still valid." in r.content.decode()
+    assert AuditEvent.objects.filter(explanation__change="previous secrets revoked").count() == 1
+
+
 def test_a_request_signed_with_both_secrets_cannot_be_replayed_with_one_of_them(source, make_group):
     """During a rotation's grace period a sender signs with the new and the old secret (one
     v1 each). Whichever of its signatures a replay keeps, the message was taken once."""
