@@ -14,7 +14,7 @@ from routing_project.admin_lists import EstimatedCountPaginator
 from security.admin_views import SuperusersOnly
 
 from . import services
-from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret
+from .models import Delivery, OutboxMessage, WebhookEndpoint
 
 
 def _actor(request: HttpRequest) -> str:
@@ -30,14 +30,27 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     list_filter = ("active", "group")
     list_select_related = ("group",)
     search_fields = ("url", "group__slug")
-    fields = ("group", "url", "active", "secret_hint", "unreachable_until")
-    readonly_fields = ("secret_hint", "unreachable_until")
-    actions = ["rotate_secret"]
+    fields = (
+        "group",
+        "url",
+        "active",
+        "secret_hint",
+        "secret_rotated_at",
+        "old_secret_signs_until",
+        "unreachable_until",
+    )
+    readonly_fields = ("secret_hint", "secret_rotated_at", "old_secret_signs_until", "unreachable_until")
+    actions = ["rotate_secret", "revoke_previous_secrets"]
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
     @admin.display(description="Secret")
     def secret_hint(self, obj: WebhookEndpoint) -> str:
         return f"{obj.secret[:4]}…" if obj.pk else "generated on save, shown once"
+
+    @admin.display(description="Old secret signs until")
+    def old_secret_signs_until(self, obj: WebhookEndpoint) -> Any:
+        previous = services.endpoint_signing_secrets(obj)[1] if obj.pk else []
+        return obj.previous_secret_expires_at if previous else None
 
     def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
         # Where every lead's contact data is sent: who created or re-pointed it is audited.
@@ -86,23 +99,34 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     ) -> HttpResponse:
         return self._show(request, f"Webhook endpoint for '{obj.group}' created", [(obj.url, obj.secret)])
 
-    @admin.action(description="Rotate the signing secret", permissions=["change"])
+    @admin.action(
+        description="Rotate the signing secret (deliveries are signed under the old one too for 24 hours)",
+        permissions=["change"],
+    )
     def rotate_secret(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> HttpResponse:
-        items = []
-        for endpoint in queryset.select_related("group"):
-            with transaction.atomic():
-                endpoint.secret = new_secret()
-                endpoint.save(update_fields=["secret"])
-                audit_record(
-                    type=AuditEvent.Type.CLIENT_CHANGED,
-                    actor=_actor(request),
-                    group=endpoint.group.slug,
-                    explanation={"webhook_endpoint": endpoint.pk, "change": "secret rotated"},
-                )
-            items.append((endpoint.url, endpoint.secret))
+        actor = _actor(request)
+        items = [
+            (endpoint.url, services.endpoint_rotate_secret(endpoint=endpoint, actor=actor)) for endpoint in queryset
+        ]
         return self._show(
-            request, "Secrets rotated", items, note="Deliveries are signed with the new secret from now on."
+            request,
+            "Secrets rotated",
+            items,
+            note="From now on each delivery's X-Signature carries two v1 values, one under the new secret and "
+            "one under the old, for 24 hours: give the receiver the new secret within that time. Then "
+            '"Stop signing with the old secret" (or wait 24 hours).',
         )
+
+    @admin.action(description="Stop signing with the old secret (after a rotation)", permissions=["change"])
+    def revoke_previous_secrets(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
+        actor = _actor(request)
+        dropped = sum(
+            1 for endpoint in queryset if services.endpoint_revoke_previous_secrets(endpoint=endpoint, actor=actor)
+        )
+        if dropped:
+            self.message_user(request, f"Deliveries to {dropped} endpoint(s) are signed with the current secret only.")
+        else:
+            self.message_user(request, "None of these endpoints was signing with an old secret.", messages.WARNING)
 
     def _show(self, request: HttpRequest, title: str, items: list[tuple[str, str]], note: str = "") -> HttpResponse:
         from security.admin_views import shown_once

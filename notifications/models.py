@@ -46,6 +46,17 @@ class WebhookEndpoint(models.Model):
         default=new_secret,
         help_text="Signs each delivery: X-Signature: t=<unix>,v1=<hex HMAC-SHA256 of '<t>.<body>'>.",
     )
+    # The replaced secrets still in their grace period, one per line (security/secret_rotation.py):
+    # deliveries carry a signature under each of them too, so the receiver can switch at its pace.
+    previous_secret = SealedField(blank=True, default="", editable=False)
+    previous_secret_expires_at = models.DateTimeField(
+        "old secret signs until",
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Until then deliveries also carry a v1 signature under the replaced secret.",
+    )
+    secret_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     unreachable_until = models.DateTimeField(

@@ -19,6 +19,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,11 +31,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from audit.services import Event
+from audit.services import Event, audit_record
 from rotation.models import Rep
 from routing_project.bulkdb import rows_insert
+from security import secret_rotation
 
-from .models import Delivery, OutboxMessage, WebhookEndpoint
+from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret
 
 logger = logging.getLogger(__name__)
 
@@ -532,11 +534,68 @@ def purge(*, now: datetime | None = None, batch: int = 5000) -> int:
     return deleted
 
 
-def sign(secret: str, body: bytes, at: int | None = None) -> str:
-    """The same scheme as signed intake: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">."""
+def sign(secret: str, body: bytes, at: int | None = None, *, previous: Sequence[str] = ()) -> str:
+    """The same scheme as signed intake: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">,
+    then one more v1 under each replaced secret still in its grace period (a receiver that has
+    not switched yet still finds its signature)."""
     t = int(time.time()) if at is None else at
-    mac = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={t},v1={mac}"
+    macs = [hmac.new(key.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest() for key in (secret, *previous)]
+    return ",".join([f"t={t}", *(f"v1={mac}" for mac in macs)])
+
+
+def endpoint_signing_secrets(endpoint: WebhookEndpoint, *, now: datetime | None = None) -> tuple[str, list[str]]:
+    """The secret deliveries are signed with and the replaced ones still in their grace period."""
+    previous = secret_rotation.still_valid(
+        endpoint.previous_secret, endpoint.previous_secret_expires_at, now=now or timezone.now()
+    )
+    return endpoint.secret, [old for old, _ends in previous]
+
+
+def endpoint_rotate_secret(
+    *, endpoint: WebhookEndpoint, actor: str, grace: timedelta = secret_rotation.ROTATION_GRACE
+) -> str:
+    """Gives the endpoint a new secret and returns it. For `grace` deliveries are signed under
+    the old one too, so the receiver can take the new secret at its own pace; rotating again
+    meanwhile keeps each replaced secret for the rest of its own grace period."""
+    secret = new_secret()
+    now = timezone.now()
+    with transaction.atomic():
+        locked = WebhookEndpoint.objects.select_for_update().select_related("group").get(pk=endpoint.pk)
+        locked.previous_secret, locked.previous_secret_expires_at = secret_rotation.replaced(
+            locked.secret, locked.previous_secret, locked.previous_secret_expires_at, now=now, grace=grace
+        )
+        locked.secret, locked.secret_rotated_at = secret, now
+        locked.save(update_fields=["previous_secret", "previous_secret_expires_at", "secret", "secret_rotated_at"])
+        audit_record(
+            type=AuditEvent.Type.CLIENT_CHANGED,
+            actor=actor,
+            group=locked.group.slug,
+            explanation={
+                "webhook_endpoint": locked.pk,
+                "change": "secret rotated",
+                "grace_hours": grace / timedelta(hours=1),
+            },
+        )
+    return secret
+
+
+def endpoint_revoke_previous_secrets(*, endpoint: WebhookEndpoint, actor: str) -> int:
+    """Stops signing under the replaced secrets now (the receiver has switched, or an old secret
+    leaked: anyone holding it could forge deliveries the receiver still trusts). Returns how
+    many were dropped."""
+    with transaction.atomic():
+        locked = WebhookEndpoint.objects.select_for_update().select_related("group").get(pk=endpoint.pk)
+        dropped = len(endpoint_signing_secrets(locked)[1])
+        locked.previous_secret, locked.previous_secret_expires_at = "", None
+        locked.save(update_fields=["previous_secret", "previous_secret_expires_at"])
+        if dropped:
+            audit_record(
+                type=AuditEvent.Type.CLIENT_CHANGED,
+                actor=actor,
+                group=locked.group.slug,
+                explanation={"webhook_endpoint": locked.pk, "change": "previous secrets revoked", "revoked": dropped},
+            )
+    return dropped
 
 
 def webhook_body(d: Delivery) -> bytes:
@@ -557,10 +616,11 @@ def _send_webhook(d: Delivery) -> int:
     if d.endpoint is None:
         raise DeliveryError("the endpoint was deleted")
     body = webhook_body(d)
+    secret, previous = endpoint_signing_secrets(d.endpoint)
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "lead-router-webhooks/1",
-        SIGNATURE_HEADER: sign(d.endpoint.secret, body),
+        SIGNATURE_HEADER: sign(secret, body, previous=previous),
         "X-Event": d.message.event,
         "X-Delivery-Id": str(d.id),
         "X-Message-Id": f"msg_{d.message_id}",

@@ -38,9 +38,15 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
 
 
 def verify(secret: str, header: str, body: bytes) -> bool:
-    parts = dict(p.split("=", 1) for p in header.split(","))
-    expected = hmac.new(secret.encode(), f"{parts['t']}.".encode() + body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, parts["v1"])
+    """As a receiver checks: any of the header's v1 values made with `secret`."""
+    parts = [p.split("=", 1) for p in header.split(",")]
+    [t] = [value for key, value in parts if key == "t"]
+    expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return any(hmac.compare_digest(expected, value) for key, value in parts if key == "v1")
+
+
+def signatures(header: str) -> int:
+    return sum(1 for p in header.split(",") if p.startswith("v1="))
 
 
 def make_due(delivery_id: int) -> None:
@@ -411,6 +417,90 @@ def test_the_endpoint_secret_is_shown_once_and_can_be_rotated(admin_client, make
     assert endpoint.secret != old and endpoint.secret in r.content.decode()
 
 
+def test_after_a_rotation_deliveries_are_signed_under_the_old_secret_too_for_a_day(
+    admin_client, post_lead, make_group, receiver, monkeypatch
+):
+    """The receiver holds the old secret until someone gives it the new one: for 24 hours each
+    delivery carries a v1 under each, so nothing it receives meanwhile fails its check. Rotating
+    again (the new secret was lost) keeps every replaced secret for its own 24 hours."""
+    group, _ = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    first = endpoint.secret
+
+    def deliver() -> tuple[str, bytes]:
+        post_lead(group="emea")
+        message = OutboxMessage.objects.filter(dispatched_at__isnull=True).get()
+        [webhook] = Delivery.objects.filter(pk__in=services.outbox_dispatch(message_id=message.id), channel="webhook")
+        assert services.delivery_attempt(delivery_id=webhook.id) is None
+        request = receiver.requests[-1]
+        assert verify(endpoint.secret, request["headers"]["X-Signature"], request["body"])
+        return request["headers"]["X-Signature"], request["body"]
+
+    header, body = deliver()
+    assert signatures(header) == 1
+
+    r = admin_client.post(
+        "/admin/notifications/webhookendpoint/", {"action": "rotate_secret", "_selected_action": [endpoint.pk]}
+    )
+    endpoint.refresh_from_db()
+    second = endpoint.secret
+    assert second != first and second in r.content.decode() and "24 hours" in r.content.decode()
+    header, body = deliver()
+    assert signatures(header) == 2 and verify(first, header, body) and verify(second, header, body)
+    change = admin_client.get(f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/").content.decode()
+    assert "Old secret signs until" in change and first not in change and second not in change
+
+    later = timezone.now() + timedelta(hours=2)
+    monkeypatch.setattr(services.timezone, "now", lambda: later)
+    third = services.endpoint_rotate_secret(endpoint=endpoint, actor="test")
+    endpoint.refresh_from_db()
+    header, body = deliver()
+    assert signatures(header) == 3 and all(verify(s, header, body) for s in (first, second, third))
+
+    # The first replaced secret ends 24 hours after its rotation, the second 24 hours after its own.
+    monkeypatch.setattr(services.timezone, "now", lambda: later + timedelta(hours=22, minutes=1))
+    header, body = deliver()
+    assert signatures(header) == 2 and not verify(first, header, body) and verify(second, header, body)
+    monkeypatch.setattr(services.timezone, "now", lambda: later + timedelta(hours=24, minutes=1))
+    header, body = deliver()
+    assert signatures(header) == 1 and verify(third, header, body) and not verify(second, header, body)
+
+
+def test_signing_with_the_old_secret_can_be_stopped_at_once(admin_client, post_lead, make_group, receiver):
+    """The receiver has switched, or an old secret leaked (whoever holds it can forge deliveries
+    a receiver still checking it would trust): the old secrets stop signing now, audited."""
+    from audit.models import AuditEvent
+
+    group, _ = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    old = endpoint.secret
+    new = services.endpoint_rotate_secret(endpoint=endpoint, actor="test")
+    r = admin_client.post(
+        "/admin/notifications/webhookendpoint/",
+        {"action": "revoke_previous_secrets", "_selected_action": [endpoint.pk]},
+        follow=True,
+    )
+    assert "Deliveries to 1 endpoint(s) are signed with the current secret only." in r.content.decode()
+    post_lead(group="emea")
+    [webhook] = Delivery.objects.filter(
+        pk__in=services.outbox_dispatch(message_id=OutboxMessage.objects.get().id), channel="webhook"
+    )
+    assert services.delivery_attempt(delivery_id=webhook.id) is None
+    [request] = receiver.requests
+    header = request["headers"]["X-Signature"]
+    assert signatures(header) == 1 and verify(new, header, request["body"]) and not verify(old, header, request["body"])
+    [event] = AuditEvent.objects.filter(explanation__change="previous secrets revoked")
+    assert (event.group, event.explanation["revoked"]) == ("emea", 1) and event.actor.startswith("admin:")
+    assert old not in str(event.explanation)
+
+    r = admin_client.post(
+        "/admin/notifications/webhookendpoint/",
+        {"action": "revoke_previous_secrets", "_selected_action": [endpoint.pk]},
+        follow=True,
+    )
+    assert "None of these endpoints was signing with an old secret." in r.content.decode()
+
+
 @pytest.mark.parametrize("url", ["ftp://crm.example/hook", "ftps://crm.example/hook"])
 def test_an_endpoint_address_that_cannot_be_posted_to_is_refused_in_the_admin(admin_client, make_group, url):
     """Deliveries are HTTP POSTs: an address URLField takes but nothing can POST to would only
@@ -622,7 +712,7 @@ def test_endpoints_created_pointed_elsewhere_or_rotated_in_the_admin_are_audited
                 "fields": {"url": "https://elsewhere.example/collect"},
             },
         ),
-        ("emea", {"webhook_endpoint": endpoint.pk, "change": "secret rotated"}),
+        ("emea", {"webhook_endpoint": endpoint.pk, "change": "secret rotated", "grace_hours": 24.0}),
     ]
     assert all(e.actor.startswith("admin:") for e in events)
     endpoint.refresh_from_db()
