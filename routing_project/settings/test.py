@@ -24,6 +24,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     **CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
     "global_keyprefix": f"lr-test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}:",
 }
+# The same for the embedded default: SQLite's flush DELETEs, which the audit table's trigger
+# allows only when this says so (audit/migrations/0006_sqlite_append_only.py).
+AUDIT_FLUSH_ALLOWED = True
 if DATABASES["default"]["ENGINE"] == "routing_project.postgresql":  # noqa: F405
     # Django's flush between transactional tests TRUNCATEs every table; the audit table
     # rejects that unless the connection says so (audit/migrations/0004_no_truncate.py).
