@@ -1229,3 +1229,32 @@ def test_announced_messages_past_retention_are_purged_with_their_finished_delive
     assert not Delivery.objects.filter(message_id__in=[old_sent.id, old_failed.id]).exists()
     assert Delivery.objects.filter(message=old_pending).count() == 2
     assert tasks.purge.apply().get() == 0  # the hourly task: nothing more past retention
+
+
+def test_the_readmes_receiver_check_accepts_a_delivery_under_either_secret_during_a_rotation(
+    post_lead, make_group, receiver
+):
+    """The README shows receivers how to check a delivery: run as written, against a real one."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [code] = [block.split("```", 1)[0] for block in readme.split("```python\n") if "def delivery_is_ours(" in block]
+    namespace: dict = {}
+    exec(code, namespace)  # noqa: S102 - the project's own README, to keep its example true
+    delivery_is_ours = namespace["delivery_is_ours"]
+
+    group, _ = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    old = endpoint.secret
+    new = services.endpoint_rotate_secret(endpoint=endpoint, actor="test")
+    post_lead(group="emea")
+    [webhook] = Delivery.objects.filter(
+        pk__in=services.outbox_dispatch(message_id=OutboxMessage.objects.get().id), channel="webhook"
+    )
+    assert services.delivery_attempt(delivery_id=webhook.id) is None
+    [request] = receiver.requests
+    header, body = request["headers"]["X-Signature"], request["body"]
+    assert delivery_is_ours(old, header, body) and delivery_is_ours(new, header, body)
+    assert not delivery_is_ours("another secret", header, body)
+    assert not delivery_is_ours(new, header, body + b" ")
+    assert not delivery_is_ours(new, header, body, tolerance=-1)  # too old
