@@ -15,7 +15,25 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-env = environ.Env()
+
+class _Env(environ.Env):
+    """django-environ's, naming the variable when its value is not of the setting's type: its
+    own error is a bare "invalid literal for int() with base 10: '2s'", which leaves an operator
+    to guess which setting it was."""
+
+    _KINDS = {int: "a whole number", float: "a number"}
+
+    def get_value(
+        self, var: str, cast: Any = None, default: Any = environ.Env.NOTSET, parse_default: bool = False
+    ) -> Any:
+        try:
+            return super().get_value(var, cast=cast, default=default, parse_default=parse_default)
+        except ValueError:
+            kind = self._KINDS.get(cast, "a valid value")
+            raise ImproperlyConfigured(f"{var} is {self.ENVIRON.get(var)!r}: give {kind}.") from None
+
+
+env = _Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 SECRET_KEY = env("SECRET_KEY", default="dev-insecure-key-change-me")

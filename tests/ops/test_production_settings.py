@@ -32,3 +32,30 @@ def test_production_refuses_to_start_without_a_secret_key(secret_key):
 def test_production_starts_with_a_secret_key():
     done = _check("a-long-random-production-secret-0123456789")
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _check_with(**settings: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "routing_project.settings.local", **settings}
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("ROUTING_LOCK_TIMEOUT_MS", "2s"),
+        ("CONN_MAX_AGE", "sixty"),
+        ("INTAKE_BATCH_MAX", "3.5"),
+        ("NOTIFY_WEBHOOK_TIMEOUT_S", "five"),
+    ],
+)
+def test_a_setting_that_is_not_a_number_is_refused_by_name(name, value):
+    # django-environ's own error is a bare "invalid literal for int() with base 10: '2s'",
+    # which leaves the operator to guess which of some forty settings it was.
+    done = _check_with(**{name: value})
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in last
+    assert name in last
+    assert repr(value) in last
