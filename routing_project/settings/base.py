@@ -6,6 +6,7 @@ transactions (so writers serialize and the rotation stays exact); with no REDIS_
 uses a broker that needs no server (kombu's filesystem transport).
 """
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -404,6 +405,23 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 
+LOG_FORMATS = ("plain", "json")
+
+
+def log_format(default: str) -> str:
+    """LOG_FORMAT, refused by name when it is not a formatter below (dictConfig's own error
+    names only the handler it could not configure)."""
+    value = env("LOG_FORMAT", default=default)
+    if value not in LOG_FORMATS:
+        raise ImproperlyConfigured(f"LOG_FORMAT is {value!r}: give one of {', '.join(LOG_FORMATS)}.")
+    return value
+
+
+# Any case, as the Celery command line takes it; stored as logging names it.
+_log_level = env("LOG_LEVEL", default="INFO")
+if _log_level.upper() not in logging.getLevelNamesMapping():
+    raise ImproperlyConfigured(f"LOG_LEVEL is {_log_level!r}: give DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+
 LOGGING_CONFIG = "routing_project.logging.configure"  # dictConfig, and warnings as records
 LOGGING: dict[str, Any] = {
     "version": 1,
@@ -421,11 +439,11 @@ LOGGING: dict[str, Any] = {
         # LOG_FORMAT=json: one JSON object per line, for log shippers (production's default).
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": env("LOG_FORMAT", default="plain"),
+            "formatter": log_format("plain"),
             "filters": ["request_id", "redact"],
         },
     },
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    "root": {"handlers": ["console"], "level": _log_level.upper()},
     "loggers": {
         # Django's own console handler (DEBUG only) would print its records a second time.
         "django": {"handlers": [], "level": "INFO", "propagate": True},

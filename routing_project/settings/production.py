@@ -6,7 +6,7 @@ os.environ.setdefault("DB_POOL", "true")
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 
 from .base import *  # noqa: E402, F403
-from .base import LOGGING, env  # noqa: E402
+from .base import LOGGING, env, log_format  # noqa: E402
 
 # No default: production refuses to start without a real secret. Set but empty counts as
 # missing: docker-compose.yml passes `${SECRET_KEY:-}`, and Django would otherwise start and
@@ -19,4 +19,4 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
-LOGGING["handlers"]["console"]["formatter"] = env("LOG_FORMAT", default="json")
+LOGGING["handlers"]["console"]["formatter"] = log_format("json")

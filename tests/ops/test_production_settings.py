@@ -59,3 +59,29 @@ def test_a_setting_that_is_not_a_number_is_refused_by_name(name, value):
     assert "ImproperlyConfigured" in last
     assert name in last
     assert repr(value) in last
+
+
+@pytest.mark.parametrize(
+    ("settings_module", "name", "value"),
+    [
+        ("routing_project.settings.local", "LOG_FORMAT", "xml"),
+        ("routing_project.settings.production", "LOG_FORMAT", "text"),
+        ("routing_project.settings.local", "LOG_LEVEL", "LOUD"),
+    ],
+)
+def test_a_log_setting_out_of_its_choices_is_refused_by_name(settings_module, name, value):
+    # Left to logging's dictConfig, it was "Unable to configure handler 'console'" (or "root
+    # logger") at the end of three chained tracebacks, naming no setting.
+    done = _check_with(
+        DJANGO_SETTINGS_MODULE=settings_module, SECRET_KEY="a-long-random-production-secret-0123456789", **{name: value}
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in last
+    assert name in last
+    assert repr(value) in last
+
+
+def test_the_log_level_may_be_written_in_lower_case():
+    done = _check_with(LOG_LEVEL="warning")
+    assert done.returncode == 0, done.stderr[-2000:]
