@@ -125,9 +125,17 @@ elif env.bool("DB_POOL", default=False):
     # costs no failed request. Size it to the process's threads.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    _pool_min, _pool_max = env.int("DB_POOL_MIN_SIZE", default=2), env.int("DB_POOL_MAX_SIZE", default=8)
+    if _pool_min < 0 or _pool_max < max(_pool_min, 1):
+        # psycopg refuses such a pool only when the first request opens it: every request
+        # would be a 500 while /readyz, on a connection of its own, said ok.
+        raise ImproperlyConfigured(
+            f"DB_POOL_MIN_SIZE is {_pool_min} and DB_POOL_MAX_SIZE is {_pool_max}: "
+            "give a minimum of 0 or more and a maximum of at least 1 and at least the minimum."
+        )
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": env.int("DB_POOL_MIN_SIZE", default=2),
-        "max_size": env.int("DB_POOL_MAX_SIZE", default=8),
+        "min_size": _pool_min,
+        "max_size": _pool_max,
         "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
     }
 else:

@@ -85,3 +85,18 @@ def test_a_log_setting_out_of_its_choices_is_refused_by_name(settings_module, na
 def test_the_log_level_may_be_written_in_lower_case():
     done = _check_with(LOG_LEVEL="warning")
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "sizes",
+    [{"DB_POOL_MIN_SIZE": "10", "DB_POOL_MAX_SIZE": "4"}, {"DB_POOL_MAX_SIZE": "0"}, {"DB_POOL_MIN_SIZE": "-1"}],
+)
+def test_a_pool_that_cannot_be_made_is_refused_at_start_up(sizes):
+    # psycopg refuses such a pool only when the first request opens it: the server started,
+    # /readyz (on a connection of its own) said ok, and every other request was a 500.
+    done = _check_with(DB_POOL="true", **sizes)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in last
+    assert any(name in last for name in sizes)
