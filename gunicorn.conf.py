@@ -18,15 +18,34 @@ import copy
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any
 
-workers = int(os.environ.get("WEB_WORKERS", multiprocessing.cpu_count()))
-threads = int(os.environ.get("WEB_THREADS", 8))
+
+def _whole_number(name: str, default: int, least: int) -> int:
+    """A WEB_* setting, at least `least`. A bad one stops the start with one line naming it
+    (SystemExit: gunicorn prints any other error of this file as a traceback naming none):
+    WEB_WORKERS=0 started a master that listened with no worker to answer, WEB_THREADS=0
+    had every worker fail to boot."""
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        sys.exit(f"{name} is {raw!r}: give a whole number of at least {least}.")
+    return value
+
+
+workers = _whole_number("WEB_WORKERS", multiprocessing.cpu_count(), 1)
+threads = _whole_number("WEB_THREADS", 8, 1)
 worker_class = "routing_project.web_worker.BalancedThreadWorker"  # gthread, see its docstring
-timeout = int(os.environ.get("WEB_TIMEOUT", 30))
+timeout = _whole_number("WEB_TIMEOUT", 30, 0)  # 0: gunicorn's "no timeout"
 keepalive = 5
-max_requests = int(os.environ.get("WEB_MAX_REQUESTS", 100000))  # see the README (web server)
+max_requests = _whole_number("WEB_MAX_REQUESTS", 100000, 0)  # see the README (web server); 0: never
 max_requests_jitter = max_requests // 10
 accesslog = os.environ.get("WEB_ACCESS_LOG", None)
 logger_class = "routing_project.web_worker.AccessLogger"  # its access lines only on WEB_ACCESS_LOG

@@ -4,7 +4,10 @@ HEAD (the GET headers, no body)."""
 
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -116,3 +119,43 @@ def test_without_an_access_log_gunicorn_writes_no_access_lines_of_its_own(tmp_pa
     access = [line["logger"] for line in lines if line["logger"].endswith(".access")]
     assert access == ["routing_project.access"], log
     assert not [line for line in lines if line["logger"] == "gunicorn.access"], log
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("WEB_WORKERS", "0"), ("WEB_WORKERS", "two"), ("WEB_THREADS", "0"), ("WEB_TIMEOUT", "-1")],
+)
+def test_a_web_setting_out_of_range_stops_the_start_by_name(name, value):
+    # WEB_WORKERS=0 started a master that listened with no worker to answer (clients hung);
+    # WEB_THREADS=0 had every worker fail to boot; "two" was a traceback naming no setting.
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "routing_project.settings.production",
+        "SECRET_KEY": "test-only-secret-key-for-the-web-server-tests",
+        name: value,
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    executable = os.path.join(os.path.dirname(sys.executable), "gunicorn")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    try:
+        done = subprocess.run(
+            [
+                executable,
+                "routing_project.wsgi:application",
+                "--config",
+                "gunicorn.conf.py",
+                "--bind",
+                f"127.0.0.1:{port}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"gunicorn kept running with {name}={value}: {exc.stderr!r}")
+    assert done.returncode != 0
+    assert f"{name} is {value!r}" in done.stderr
+    assert "Traceback" not in done.stderr
