@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import environ
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -394,6 +395,16 @@ if not REDIS_URL:
 # first encrypts, all decrypt. Empty: one derived from SECRET_KEY (then changing SECRET_KEY
 # makes the stored secrets unreadable; production should set these).
 SECRET_BOX_KEYS = env.list("SECRET_BOX_KEYS", default=[])
+for _key in SECRET_BOX_KEYS:
+    # Else refused only when a secret is first sealed or read: every signed web-form post,
+    # webhook delivery and source saved in the admin would fail on a server that started.
+    try:
+        Fernet(_key.encode())
+    except ValueError:
+        raise ImproperlyConfigured(
+            "SECRET_BOX_KEYS holds a value that is not a Fernet key (32 url-safe base64-encoded bytes): "
+            "make one with `python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`."
+        ) from None
 # Signed intake: bad signatures allowed per client address and minute before 429.
 HOOK_SIGNATURE_FAILURES_PER_ADDRESS = env.int("HOOK_SIGNATURE_FAILURES_PER_ADDRESS", default=20)
 LOGIN_FAILURES_PER_USER = env.int("LOGIN_FAILURES_PER_USER", default=5)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 
@@ -100,3 +101,15 @@ def test_a_pool_that_cannot_be_made_is_refused_at_start_up(sizes):
     last = done.stderr.strip().splitlines()[-1]
     assert "ImproperlyConfigured" in last
     assert any(name in last for name in sizes)
+
+
+def test_a_secret_box_key_that_is_no_fernet_key_is_refused_at_start_up():
+    # It was refused only when a stored secret was first sealed or read: the server started
+    # and every signed web-form post, and every source saved in the admin, failed.
+    good = Fernet.generate_key().decode()
+    done = _check_with(SECRET_BOX_KEYS=f"{good},not-a-key")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in last
+    assert "SECRET_BOX_KEYS" in last
+    assert _check_with(SECRET_BOX_KEYS=good).returncode == 0
