@@ -24,10 +24,19 @@ class _Env(environ.Env):
     to guess which setting it was."""
 
     _KINDS = {int: "a whole number", float: "a number"}
+    # Any other word reads as false in django-environ: a typo (SESSION_COOKIE_SECURE=ture)
+    # turned a switch off without a word. An empty value stays false, as before.
+    _WORDS = (*environ.Env.BOOLEAN_TRUE_STRINGS, "false", "off", "no", "n", "0", "")
 
     def get_value(
         self, var: str, cast: Any = None, default: Any = environ.Env.NOTSET, parse_default: bool = False
     ) -> Any:
+        raw = self.ENVIRON.get(var)
+        if cast is bool and raw is not None and raw.strip().lower() not in self._WORDS:
+            try:
+                int(raw)  # as django-environ: a number is true unless 0
+            except ValueError:
+                raise ImproperlyConfigured(f"{var} is {raw!r}: give true or false.") from None
         try:
             return super().get_value(var, cast=cast, default=default, parse_default=parse_default)
         except ValueError:

@@ -113,3 +113,25 @@ def test_a_secret_box_key_that_is_no_fernet_key_is_refused_at_start_up():
     assert "ImproperlyConfigured" in last
     assert "SECRET_BOX_KEYS" in last
     assert _check_with(SECRET_BOX_KEYS=good).returncode == 0
+
+
+@pytest.mark.parametrize(("name", "value"), [("SESSION_COOKIE_SECURE", "ture"), ("DB_POOL", "enabled")])
+def test_a_switch_that_is_neither_true_nor_false_is_refused_by_name(name, value):
+    # django-environ reads any word it does not know as false: a typo turned secure cookies
+    # (or the pool) off without a word.
+    done = _check_with(
+        DJANGO_SETTINGS_MODULE="routing_project.settings.production",
+        SECRET_KEY="a-long-random-production-secret-0123456789",
+        **{name: value},
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in last
+    assert name in last
+    assert repr(value) in last
+
+
+@pytest.mark.parametrize("value", ["false", "False", "off", "no", "0", "true", "On", "yes", "1"])
+def test_a_switch_takes_the_usual_words(value):
+    done = _check_with(NOTIFY_REP_EMAIL=value)
+    assert done.returncode == 0, done.stderr[-2000:]
