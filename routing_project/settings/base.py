@@ -267,6 +267,15 @@ QUEUE_DRAIN_INLINE = env.int("QUEUE_DRAIN_INLINE", default=20)
 # After a failed publish (broker down), requests skip publishing for this long: an outage
 # costs intake nothing, and the sweep escalates on time from the database.
 BROKER_PUBLISH_BACKOFF_S = env.float("BROKER_PUBLISH_BACKOFF_S", default=5.0)
+for _name, _period in (
+    ("ESCALATION_SWEEP_EVERY_S", ESCALATION_SWEEP_EVERY_S),
+    ("ESCALATION_ARM_EVERY_S", ESCALATION_ARM_EVERY_S),
+    ("QUEUE_DRAIN_SWEEP_EVERY_S", QUEUE_DRAIN_SWEEP_EVERY_S),
+):
+    if _period <= 0:
+        # A period is also its beat task's `expires` (below): at 0 every run would have expired
+        # when a worker got it, the safety net silently off, and beat would publish non-stop.
+        raise ImproperlyConfigured(f"{_name} is {_period}: give a period above 0 (s).")
 if not CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT_S", default=600),

@@ -135,3 +135,17 @@ def test_a_switch_that_is_neither_true_nor_false_is_refused_by_name(name, value)
 def test_a_switch_takes_the_usual_words(value):
     done = _check_with(NOTIFY_REP_EMAIL=value)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("ESCALATION_SWEEP_EVERY_S", "0"), ("ESCALATION_ARM_EVERY_S", "-5"), ("QUEUE_DRAIN_SWEEP_EVERY_S", "0")],
+)
+def test_a_beat_period_of_zero_or_less_is_refused_by_name(name, value):
+    # Each period is also its task's `expires`: at 0 every sweep had expired when a worker
+    # got it (the safety net silently off) while beat published them without pause.
+    done = _check_with(**{name: value})
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in last
+    assert name in last
