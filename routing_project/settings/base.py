@@ -186,6 +186,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
 
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = env("REDIS_URL", default="")
+if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    # Else the server starts and every publish fails (no SLA timer, no queue drain from the
+    # web), the rate limits fail open and /readyz says "degraded", for a typo.
+    # Not the value itself: it may hold a password.
+    raise ImproperlyConfigured("REDIS_URL is not a redis://, rediss:// or unix:// URL: give one (redis://host:6379/0).")
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://localhost/")
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):

@@ -149,3 +149,14 @@ def test_a_beat_period_of_zero_or_less_is_refused_by_name(name, value):
     last = done.stderr.strip().splitlines()[-1]
     assert "ImproperlyConfigured" in last
     assert name in last
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", "http://127.0.0.1:6379/0", "redis:/127.0.0.1:6379/0"])
+def test_a_redis_url_redis_cannot_read_is_refused_at_start_up(url):
+    # It started: every publish failed (no SLA timer, no queue drain from the web), the rate
+    # limits failed open and /readyz said "degraded", for a typo.
+    done = _check_with(REDIS_URL=url)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "ImproperlyConfigured" in last
+    assert "REDIS_URL" in last
