@@ -93,7 +93,14 @@ logconfig_dict = _logconfig()
 
 def on_starting(server):  # type: ignore[no-untyped-def]
     # A directory given from outside is shared (and emptied by whoever starts the whole set).
-    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+    directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        sys.exit(f"PROMETHEUS_MULTIPROC_DIR is {directory!r}: it cannot be made a directory ({exc.strerror}).")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        # Else every worker fails to boot on its first sample, in a traceback naming no setting.
+        sys.exit(f"PROMETHEUS_MULTIPROC_DIR is {directory!r}: this user cannot write in it.")
 
 
 def child_exit(server, worker):  # type: ignore[no-untyped-def]

@@ -128,13 +128,25 @@ def test_without_an_access_log_gunicorn_writes_no_access_lines_of_its_own(tmp_pa
 def test_a_web_setting_out_of_range_stops_the_start_by_name(name, value):
     # WEB_WORKERS=0 started a master that listened with no worker to answer (clients hung);
     # WEB_THREADS=0 had every worker fail to boot; "two" was a traceback naming no setting.
+    _assert_start_refused(name, value)
+
+
+def test_a_metrics_directory_that_cannot_be_written_stops_the_start_by_name(tmp_path):
+    # It was a FileNotFoundError (or, for a directory it may not write, workers that failed
+    # to boot on their first sample) at the end of a traceback naming no setting.
+    not_a_directory = tmp_path / "metrics"
+    not_a_directory.write_text("")
+    _assert_start_refused("PROMETHEUS_MULTIPROC_DIR", str(not_a_directory))
+
+
+def _assert_start_refused(name: str, value: str) -> None:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "routing_project.settings.production",
         "SECRET_KEY": "test-only-secret-key-for-the-web-server-tests",
-        name: value,
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    env[name] = value
     executable = os.path.join(os.path.dirname(sys.executable), "gunicorn")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
