@@ -76,7 +76,7 @@ ROUTING_SECONDS = Histogram(
 )
 LOCK_WAIT_SECONDS = Histogram(
     "leadrouter_rotation_lock_wait_seconds",
-    "Time to acquire a group's rotation row lock (SELECT ... FOR NO KEY UPDATE).",
+    "Time to acquire a group's rotation row lock (SELECT ... FOR NO KEY UPDATE), or to give up on it (a 503).",
     buckets=_LOCK_BUCKETS,
 )
 LOCK_HELD_SECONDS = Histogram(

@@ -223,8 +223,11 @@ def test_eligibility_is_read_after_the_lock(make_group):
 
 
 def test_lock_timeout_gives_503_and_writes_nothing(make_group, settings):
+    from tests.ops.test_metrics import scrape, value
+
     settings.ROUTING_LOCK_TIMEOUT_MS = 300
     group, reps = make_group(2, slug="g")
+    before = scrape()
     _client, token = api_client_with(["intake"])
     locked, release = threading.Event(), threading.Event()
     outcome: dict = {}
@@ -249,6 +252,16 @@ def test_lock_timeout_gives_503_and_writes_nothing(make_group, settings):
     assert not AuditEvent.objects.filter(lead_id__isnull=False).exists()
     assert not IdempotencyRecord.objects.exists()  # released: the client may retry with the key
     assert RotationState.objects.get(group=group).turns == 0
+    # The operator sees it: the refusal is counted, and so is the wait that ended in it.
+    after = scrape()
+    assert (
+        value(after, "leadrouter_routing_busy_total", group="g")
+        - value(before, "leadrouter_routing_busy_total", group="g")
+        == 1
+    )
+    waits = "leadrouter_rotation_lock_wait_seconds"
+    assert value(after, f"{waits}_count") - value(before, f"{waits}_count") == 1
+    assert value(after, f"{waits}_sum") - value(before, f"{waits}_sum") >= 0.2  # most of its 300 ms
     r = post(http_client(token), {"email": "late@x.example", "group": "g"}, **{"Idempotency-Key": "k-503"})
     assert r.status_code == 201
 
