@@ -157,11 +157,15 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
 def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
     actor = admin_actor(request)
     queued: dict[str, list[int]] = {}
+    taken: dict[str, list[str]] = {}
     placed: list[str] = []
 
     def route(lead: Lead) -> None:
         routed = actions.lead_reroute(lead_id=lead.pk, actor=actor, only_queued=_from_queue(modeladmin))
-        if routed.status == LeadStatus.QUEUED:
+        if routed.status == LeadStatus.QUEUED and lead.owner is not None:
+            # It had a rep, who no longer has it: said, not passed off as "still no rep".
+            taken.setdefault(routed.queue_reason, []).append(f"#{routed.pk} taken from {lead.owner.name}")
+        elif routed.status == LeadStatus.QUEUED:
             queued.setdefault(routed.queue_reason, []).append(routed.pk)
         elif routed.owner is not None:
             where = f" in {routed.group.slug}" if routed.group is not None else ""
@@ -178,6 +182,11 @@ def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QueryS
         leads = ", ".join(f"#{pk}" for pk in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
         modeladmin.message_user(
             request, f"Still no rep for {leads}, back in the fallback queue: {reason}.", messages.WARNING
+        )
+    for reason, moved in taken.items():
+        more = f"; and {len(moved) - 20} more" if len(moved) > 20 else ""
+        modeladmin.message_user(
+            request, f"{'; '.join(moved[:20])}{more} into the fallback queue: {reason}.", messages.WARNING
         )
 
 

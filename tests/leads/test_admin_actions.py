@@ -109,6 +109,22 @@ def test_route_again_says_when_a_lead_is_back_in_the_queue(api, make_group, mana
     assert f"Still no rep for {first} and 2 more, back in the fallback queue: {lead.queue_reason}." in shown, shown
 
 
+def test_route_again_says_when_it_took_a_lead_from_its_rep_into_the_queue(api, make_group, manager):
+    """ "Route again" on a rep's lead that no rep can take now puts it in the queue: the
+    message said "Still no rep for #N, back in the fallback queue", as if nothing had changed,
+    while the lead was taken from the rep who held it (and had never been queued)."""
+    group, reps = make_group(2, slug="emea")
+    held = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    Membership.objects.filter(group=group).update(active=False)
+    r = manager.post("/admin/leads/lead/", {"action": "reroute", "_selected_action": [held["id"]]}, follow=True)
+    lead = Lead.objects.get(pk=held["id"])
+    assert lead.status == "queued" and lead.owner_id is None
+    shown = [str(m) for m in r.context["messages"]]
+    said = f"#{lead.pk} taken from {held['owner']['name']} into the fallback queue: {lead.queue_reason}."
+    assert said in shown, shown
+    assert not any("Still no rep" in m for m in shown), shown
+
+
 def test_assigning_many_leads_to_a_rep_not_eligible_now_names_the_first_20(api, make_group, manager):
     """The warning that the rep cannot work the leads now listed every lead: "Select all" over
     a queue of thousands put a message of thousands of ids on the page (and in the session),
