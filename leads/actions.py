@@ -715,7 +715,8 @@ def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str, only_qu
             "from_rep": from_rep,
             "to_rep": rep_id,
             "attempt": new.attempt,
-            "member_of_group": facts is not None,
+            # A lead that no group holds has no members to be one of (None: not asked).
+            "member_of_group": facts is not None if group is not None else None,
             "eligible_now": eligible,
             "not_eligible_because": why or None,
             "over_cap": over_cap,

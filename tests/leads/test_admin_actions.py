@@ -125,6 +125,27 @@ def test_route_again_says_when_it_took_a_lead_from_its_rep_into_the_queue(api, m
     assert not any("Still no rep" in m for m in shown), shown
 
 
+def test_assigning_a_lead_that_no_group_holds_does_not_call_the_rep_not_eligible(api, make_group, manager):
+    """A queued lead that no group holds (no rule matched, no default group) has no members
+    to be one of: given by hand to a rep who can work it, the page warned that the rep "is not
+    eligible now (not a member of the lead's group)", and the trail said so too."""
+    from audit.summary import event_summary
+
+    group, reps = make_group(1, slug="emea")  # not the default group: the lead stays groupless
+    lead = api.post("/api/v1/leads/", lead_body(), format="json").json()
+    assert lead["status"] == "queued" and lead["group"] is None
+    r = manager.post(
+        "/admin/leads/queuedlead/",
+        {"action": "assign_to_rep", "_selected_action": [lead["id"]], "apply": "1", "rep": reps[0].id, "reason": "x"},
+        follow=True,
+    )
+    shown = [str(m) for m in r.context["messages"]]
+    assert shown == [f"1 lead(s) assigned to {reps[0].name}."], shown
+    event = AuditEvent.objects.get(type="lead.reassigned", lead_id=lead["id"])
+    text = event_summary(type=event.type, explanation=event.explanation, rep_id=event.rep_id, names={})
+    assert "member" not in text, text
+
+
 def test_assigning_many_leads_to_a_rep_not_eligible_now_names_the_first_20(api, make_group, manager):
     """The warning that the rep cannot work the leads now listed every lead: "Select all" over
     a queue of thousands put a message of thousands of ids on the page (and in the session),
