@@ -50,9 +50,10 @@ class AssignForm(forms.Form):
         field.shared_names = frozenset(shared.values_list("name", flat=True))
 
 
-def _not_eligible_note(*, lead_id: int, actor: str, rep: Rep) -> str:
+def _not_eligible_note(*, lead_id: int, actor: str, rep: Rep) -> tuple[str, bool]:
     """Why the rep just given the lead by hand cannot work it now (out of office, paused, off
-    hours, over a cap, not in the lead's group), as the reassign's audit event recorded it."""
+    hours, over a cap, not in the lead's group), as the reassign's audit event recorded it;
+    and whether the assignment has an SLA that escalates it (no SLA in its group: none)."""
     event = (
         AuditEvent.objects.filter(lead_id=lead_id, type=AuditEvent.Type.LEAD_REASSIGNED, actor=actor)
         .order_by("-id")
@@ -70,17 +71,20 @@ def _not_eligible_note(*, lead_id: int, actor: str, rep: Rep) -> str:
     notes.extend(f"over its {name} cap of {caps.get(name)}" for name in exceeded)
     if e.get("member_of_group") is False:
         notes.append("not a member of the lead's group")
-    return "; ".join(notes)
+    return "; ".join(notes), e.get("sla_due_at") is not None
 
 
-def _warn_not_eligible(modeladmin: Any, request: HttpRequest, rep: Rep, notes: dict[str, list[int]]) -> None:
-    for note, ids in notes.items():
+def _warn_not_eligible(
+    modeladmin: Any, request: HttpRequest, rep: Rep, notes: dict[tuple[str, bool], list[int]]
+) -> None:
+    for (note, escalates), ids in notes.items():
         # The first 20, the rest counted, as the actions' other messages say them.
         leads = ", ".join(f"#{pk}" for pk in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+        # Without an SLA nothing moves the lead on: said, or the manager counts on an escalation.
+        until = " or its SLA escalates." if escalates else ": no SLA escalates it."
         modeladmin.message_user(
             request,
-            f"{rep.name} is not eligible now ({note}): {leads} will wait with them until they can take "
-            "it or its SLA escalates.",
+            f"{rep.name} is not eligible now ({note}): {leads} will wait with them until they can take it{until}",
             messages.WARNING,
         )
 
@@ -125,14 +129,15 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
     form = AssignForm(request.POST if "apply" in request.POST else None)
     if form.is_bound and form.is_valid():
         rep, reason, actor = form.cleaned_data["rep"], form.cleaned_data["reason"], admin_actor(request)
-        notes: dict[str, list[int]] = {}
+        notes: dict[tuple[str, bool], list[int]] = {}
 
         def assign(lead: Lead) -> None:
             actions.lead_reassign(
                 lead_id=lead.pk, rep_id=rep.pk, reason=reason, actor=actor, only_queued=_from_queue(modeladmin)
             )
-            if note := _not_eligible_note(lead_id=lead.pk, actor=actor, rep=rep):
-                notes.setdefault(note, []).append(lead.pk)
+            note, escalates = _not_eligible_note(lead_id=lead.pk, actor=actor, rep=rep)
+            if note:
+                notes.setdefault((note, escalates), []).append(lead.pk)
 
         _run_each(modeladmin, request, queryset.order_by("id"), assign, f"assigned to {rep.name}")
         _warn_not_eligible(modeladmin, request, rep, notes)
@@ -286,8 +291,9 @@ class LeadActionsAdminMixin:
                 form.add_error("rep", "; ".join(m for ms in exc.errors.values() for m in ms))
             else:
                 self.message_user(request, f"Lead #{lead.pk} reassigned to {rep.name}.", messages.SUCCESS)  # type: ignore[attr-defined]
-                if note := _not_eligible_note(lead_id=lead.pk, actor=admin_actor(request), rep=rep):
-                    _warn_not_eligible(self, request, rep, {note: [lead.pk]})
+                note, escalates = _not_eligible_note(lead_id=lead.pk, actor=admin_actor(request), rep=rep)
+                if note:
+                    _warn_not_eligible(self, request, rep, {(note, escalates): [lead.pk]})
                 return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
         context = {
             **self.admin_site.each_context(request),  # type: ignore[attr-defined]

@@ -168,7 +168,7 @@ def test_assigning_many_leads_to_a_rep_not_eligible_now_names_the_first_20(api, 
 def test_assigning_leads_past_a_reps_cap_warns_once_for_them_all(api, make_group, manager):
     """Each lead past the cap had a warning of its own ("at max_open cap (2/2)", "(3/2)",
     "(4/2)"...): a wall of messages, one per lead, for one fact."""
-    group, reps = make_group(1, slug="emea")
+    group, reps = make_group(1, slug="emea", sla_minutes=30)
     Membership.objects.filter(group=group).update(max_open=2)
     group.active = False
     group.save(update_fields=["active"])
@@ -187,6 +187,23 @@ def test_assigning_leads_past_a_reps_cap_warns_once_for_them_all(api, make_group
         f"{reps[0].name} is not eligible now (over its max_open cap of 2): {over} will wait with them until they "
         "can take it or its SLA escalates.",
     ]
+
+
+def test_assigning_a_lead_to_a_rep_not_eligible_does_not_promise_an_sla_the_group_has_not(api, make_group, manager):
+    """In a group without an SLA nothing escalates a lead: the warning said it would wait with
+    the paused rep "until they can take it or its SLA escalates", and the manager left it there."""
+    group, reps, ids = queued_leads(api, make_group, 1)  # the group's members are paused
+    assert group.sla_minutes is None
+    r = manager.post(
+        "/admin/leads/queuedlead/",
+        {"action": "assign_to_rep", "_selected_action": ids, "apply": "1", "rep": reps[0].id, "reason": "cover"},
+        follow=True,
+    )
+    shown = [str(m) for m in r.context["messages"]]
+    assert shown[1] == (
+        f"{reps[0].name} is not eligible now (paused in this group): #{ids[0]} will wait with them until they "
+        "can take it: no SLA escalates it."
+    ), shown
 
 
 def test_reassign_from_the_lead_page(api, make_group, manager):
