@@ -99,7 +99,9 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     @admin.display(description="Explanation")
     def pretty_explanation(self, obj: AuditEvent) -> str:
-        return format_html("<pre style='white-space:pre-wrap'>{}</pre>", json.dumps(obj.explanation, indent=2))
+        return format_html(
+            "<pre style='white-space:pre-wrap'>{}</pre>", json.dumps(obj.explanation, indent=2, ensure_ascii=False)
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

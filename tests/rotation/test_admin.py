@@ -88,6 +88,19 @@ def test_lead_and_event_pages(staff, api, make_group):
     assert staff.get("/admin/leads/lead/?status__exact=assigned").status_code == 200
 
 
+def test_an_events_explanation_reads_names_as_written(staff, api, make_group):
+    """The explanation on an event's page showed every accented letter as a JSON escape: a rep
+    José Núñez was "Jos\\u00e9 N\\u00fa\\u00f1ez" among the candidates, for the manager reading why."""
+    group, reps = make_group(2, slug="emea")
+    reps[0].name = "José Núñez"
+    reps[0].save(update_fields=["name"])
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    event = AuditEvent.objects.get(type="lead.assigned", lead_id=lead_id)
+    html = staff.get(f"/admin/audit/auditevent/{event.pk}/change/").content.decode()
+    assert "&quot;name&quot;: &quot;José Núñez&quot;" in html
+    assert "\\u00e9" not in html
+
+
 def test_audit_trail_is_read_only_in_the_admin(staff, api, make_group):
     make_group(1, slug="emea")
     api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
