@@ -209,6 +209,12 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
             except actions.LeadConflict as exc:  # an intake of the new address got there first
                 request._lead_unsaved = f"Nothing was saved: {exc}"  # type: ignore[attr-defined]
 
+    def log_change(self, request: HttpRequest, obj: Lead, message: Any) -> Any:
+        # Nothing was saved (save_model said why): the lead's history must not record the edit.
+        if getattr(request, "_lead_unsaved", None):
+            return None
+        return super().log_change(request, obj, message)
+
     def response_change(self, request: HttpRequest, obj: Lead) -> HttpResponse:
         unsaved = getattr(request, "_lead_unsaved", None)
         if unsaved:

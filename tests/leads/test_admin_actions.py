@@ -410,6 +410,39 @@ def test_an_action_on_a_lead_locked_past_the_lock_timeout_says_to_retry(
     assert AuditEvent.objects.filter(lead_id=ids[0], actor="admin:maria").exists()
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.xdist_group("concurrency")
+def test_a_lead_page_saved_while_the_lead_is_locked_leaves_no_change_in_its_history(api, make_group, manager, settings):
+    """The page said "nothing was saved. Save again", and nothing was: but the lead's history
+    (the admin's log) recorded the edit as made, "Changed First name", for a change that never was."""
+    import threading
+
+    from django.contrib.admin.models import LogEntry
+    from django.db import connection, transaction
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    make_group(1, slug="emea")
+    lead = Lead.objects.get(pk=api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"])
+    url = f"/admin/leads/lead/{lead.pk}/change/"
+    outcome: dict = {}
+
+    def save() -> None:
+        outcome["response"] = manager.post(url, lead_form(lead, first_name="Jane"), follow=True)
+        connection.close()
+
+    with transaction.atomic():
+        Lead.objects.select_for_update().get(pk=lead.pk)
+        thread = threading.Thread(target=save)
+        thread.start()
+        thread.join(timeout=10)
+    thread.join(timeout=30)
+    shown = [str(m) for m in outcome["response"].context["messages"]]
+    assert any("nothing was saved" in m for m in shown), shown
+    assert Lead.objects.get(pk=lead.pk).first_name == ""
+    assert not LogEntry.objects.filter(object_id=str(lead.pk)).exists()
+
+
 def test_a_manager_marks_leads_accepted_for_their_owner(api, make_group, manager):
     """The API's accept (manage scope) had no admin counterpart: a manager told by a rep that
     they took a lead could not stop its SLA clock from the admin."""
