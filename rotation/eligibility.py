@@ -3,7 +3,7 @@
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, time
+from datetime import UTC, datetime, time
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -104,9 +104,15 @@ def reason_in_words(reason: str, tz: str) -> str:
     if not reason.startswith(AWAY_UNTIL):
         return reason
     try:
-        back = datetime.fromisoformat(reason.removeprefix(AWAY_UNTIL)).astimezone(ZoneInfo(tz))
-    except (ValueError, KeyError):
+        back = datetime.fromisoformat(reason.removeprefix(AWAY_UNTIL))
+    except ValueError:
         return reason
+    try:
+        back = back.astimezone(ZoneInfo(tz))
+    except (ValueError, KeyError, OverflowError):
+        # Back at a time that has no date in the rep's zone (an absence "until further notice",
+        # up to 9999-12-31, in a zone east of UTC): said in UTC, as the API holds it.
+        back, tz = back.astimezone(UTC), "UTC"
     return f"{AWAY_UNTIL}{back:%Y-%m-%d %H:%M} ({tz})"
 
 

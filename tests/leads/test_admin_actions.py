@@ -242,6 +242,27 @@ def test_reassigning_to_a_rep_away_says_when_the_rep_is_back_in_the_reps_time_zo
     assert f"(out of office until {back.year}-03-02 09:05 (America/New_York))" in warning, warning
 
 
+def test_reassigning_to_a_rep_away_until_the_last_year_there_is_says_so(api, make_group, manager):
+    """Away "until 9999-12-31 23:00" (UTC) is past the last date there is in the rep's time zone:
+    the lead was reassigned, then the page that was to say so failed with a server error."""
+    from datetime import UTC, datetime, timedelta
+
+    from django.utils import timezone
+
+    from rotation.models import Absence
+
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    reps[1].timezone = "Asia/Tokyo"
+    reps[1].save(update_fields=["timezone"])
+    back = datetime(9999, 12, 31, 23, 0, tzinfo=UTC)
+    Absence.objects.create(rep=reps[1], starts_at=timezone.now() - timedelta(hours=1), ends_at=back)
+    r = manager.post(f"/admin/leads/lead/{lead_id}/reassign/", {"rep": reps[1].id, "reason": "cover"}, follow=True)
+    assert r.status_code == 200
+    warning = [str(m) for m in r.context["messages"]][1]
+    assert "(out of office until 9999-12-31 23:00 (UTC))" in warning, warning
+
+
 def test_the_reassign_page_of_a_queued_lead_says_why_it_is_queued(api, make_group, manager):
     """Reached from the queue's "Assign…": the manager picks a rep knowing why none was found."""
     from django.utils.html import escape

@@ -705,3 +705,22 @@ def test_group_page_says_when_a_rep_away_is_back_in_the_reps_time_zone(staff, ma
     html = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
     assert f"no: out of office until {back.year}-01-05 09:30 (Europe/Paris)" in html
     assert back.isoformat() not in html
+
+
+def test_group_page_of_a_rep_away_until_the_last_year_there_is(staff, make_group):
+    """Away "until 9999-12-31 23:00" (UTC, until further notice) is past the last date there is
+    in a time zone east of UTC: the group page failed with a server error, for every member."""
+    from datetime import UTC, datetime, timedelta
+
+    from django.utils import timezone
+
+    from rotation.models import Absence
+
+    group, reps = make_group(2, slug="emea")
+    reps[1].timezone = "Europe/Paris"
+    reps[1].save(update_fields=["timezone"])
+    back = datetime(9999, 12, 31, 23, 0, tzinfo=UTC)
+    Absence.objects.create(rep=reps[1], starts_at=timezone.now() - timedelta(hours=1), ends_at=back)
+    page = staff.get(f"/admin/rotation/group/{group.pk}/change/")
+    assert page.status_code == 200
+    assert "no: out of office until 9999-12-31 23:00 (UTC)" in page.content.decode()
