@@ -420,10 +420,14 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
                     "next_attempt_at",
                 ]
             )
-            if d.channel == Delivery.Channel.WEBHOOK and exc.status_code is None and d.endpoint_id is not None:
+            no_answer = d.channel == Delivery.Channel.WEBHOOK and exc.status_code is None
+            if no_answer and retry_in is not None and d.endpoint_id is not None:
                 # No answer at all (timeout, refused, unresolvable): the endpoint's other
-                # deliveries wait with this one (`held` above), so a hung receiver holds one
-                # worker per try, not one per pending delivery.
+                # deliveries wait with this one until its next try (`held` above), so a hung
+                # receiver holds one worker per try, not one per pending delivery. A delivery
+                # given up on has no next try, and holds nothing: it held the endpoint's next
+                # leads for the backoff of a try that never came (up to NOTIFY_BACKOFF_MAX_S),
+                # however soon the receiver was back.
                 WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(
                     unreachable_until=now + timedelta(seconds=backoff_seconds(d.attempts))
                 )
@@ -502,6 +506,11 @@ def deliveries_send_again(*, ids: list[int]) -> list[int]:
     )
     if again:
         Delivery.objects.filter(pk__in=again).update(status=Delivery.Status.PENDING, attempts=0, next_attempt_at=now)
+        # Sent again now means now: not after a hold another delivery's unanswered try put on the
+        # endpoint (up to NOTIFY_BACKOFF_MAX_S), which would keep these waiting without a try.
+        WebhookEndpoint.objects.filter(
+            pk__in=Delivery.objects.filter(pk__in=again, endpoint__isnull=False).values("endpoint_id")
+        ).update(unreachable_until=None)
     _publish_on_commit(again)
     return again
 

@@ -1,0 +1,93 @@
+"""What an operator sees and can do after a receiver was away: the hold an unreachable endpoint
+earns, sending failed deliveries again, and the delivery log's search."""
+
+import socket
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from notifications import services
+from notifications.models import Delivery, WebhookEndpoint
+
+pytestmark = pytest.mark.django_db
+
+
+def dead_url() -> str:
+    """An address nothing listens on: every send is refused (no answer at all)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/hooks/leads"
+
+
+def dispatched(group, rep, lead_id: int) -> int:
+    """A `lead.assigned` message for `lead_id`, fanned out: its one webhook delivery's id."""
+    with transaction.atomic():
+        message = services.outbox_add(
+            event="lead.assigned", lead_id=lead_id, group_id=group.id, rep_id=rep.id, payload={}
+        )
+    [delivery_id] = services.outbox_dispatch(message_id=message.id)
+    return delivery_id
+
+
+@pytest.fixture
+def given_up(make_group, settings):
+    """An endpoint that gave no answer to a delivery's only attempt: the delivery ended failed.
+    Returns (group, rep, endpoint, delivery id)."""
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_MAX_ATTEMPTS = 1
+    settings.NOTIFY_BACKOFF_BASE_S = 600  # a hold, if one were set, would outlast the test
+    group, reps = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=dead_url())
+    delivery_id = dispatched(group, reps[0], 7)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    assert Delivery.objects.get(pk=delivery_id).status == "failed"
+    return group, reps[0], endpoint, delivery_id
+
+
+def test_a_delivery_given_up_on_holds_nothing_after_it(given_up, receiver):
+    """The hold lasts until the failed delivery's next try: one given up on has none. A receiver
+    back a minute later gets the next lead at once, not after the backoff of a try that will
+    never come (up to NOTIFY_BACKOFF_MAX_S, half an hour)."""
+    group, rep, endpoint, _ = given_up
+    endpoint.refresh_from_db()
+    assert endpoint.unreachable_until is None
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url=receiver.url)  # the receiver is back
+    delivery_id = dispatched(group, rep, 8)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts) == ("sent", 1)
+    assert len(receiver.requests) == 1
+
+
+def test_sending_again_lifts_the_endpoints_hold(given_up, receiver, admin_client, django_capture_on_commit_callbacks):
+    """Sales ops send a failed delivery again once its receiver is back: it goes now, even when
+    the endpoint is still held by another delivery's try that got no answer."""
+    _group, _rep, endpoint, delivery_id = given_up
+    held_until = timezone.now() + timedelta(minutes=30)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url=receiver.url, unreachable_until=held_until)
+    with django_capture_on_commit_callbacks(execute=False):
+        r = admin_client.post(
+            "/admin/notifications/delivery/",
+            {"action": "send_again", "_selected_action": [delivery_id]},
+            follow=True,
+        )
+    assert "1 deliveries will be sent again." in r.content.decode()
+    endpoint.refresh_from_db()
+    assert endpoint.unreachable_until is None
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.attempts, d.last_status_code) == ("sent", 1, 200)
+    assert len(receiver.requests) == 1
+
+
+@pytest.mark.parametrize("path", ["/admin/notifications/delivery/", "/admin/notifications/outboxmessage/"])
+@pytest.mark.parametrize("term", ["²", "①", "7²"])
+def test_a_search_for_a_digit_that_is_no_number_finds_nothing(admin_client, given_up, path, term):
+    """A "²" is a digit to str.isdigit() but no number: the log searched for it finds
+    nothing, rather than failing and showing every delivery as if each matched."""
+    r = admin_client.get(path, {"q": term})
+    assert r.status_code == 200
+    assert r.context["cl"].result_count == 0
