@@ -175,7 +175,8 @@ def lead_id_search(queryset: Any, term: str, field: str) -> Any | None:
     """A number is a lead id, compared as a number: Django's "=lead_id" search compares the
     ids as text, which reads and converts every row (five times slower here)."""
     term = term.strip()
-    if term.isdigit() and int(term) < 2**63:
+    # ASCII only: "²" and "①" are digits to isdigit() but no number to int().
+    if term.isascii() and term.isdigit() and int(term) < 2**63:
         return queryset.filter(**{field: int(term)})
     return None
 
