@@ -248,6 +248,8 @@ class LeadActionsAdminMixin:
     def manage_links(self, obj: Lead) -> str:
         if obj.pk is None:
             return ""
+        if obj.status == LeadStatus.CLOSED:  # closed for good: a "Reassign…" could only fail
+            return format_html("Closed ({}): not reassigned. {}", obj.get_outcome_display(), self.trail_link(obj))
         return format_html(
             '<a class="button" href="{}">Reassign…</a> {}',
             reverse("admin:leads_lead_reassign", args=[obj.pk]),
@@ -278,6 +280,9 @@ class LeadActionsAdminMixin:
         lead = get_object_or_404(Lead.objects.select_related("group", "owner"), pk=lead_id)
         if not self.has_change_permission(request, lead):  # type: ignore[attr-defined]
             raise PermissionDenied
+        if lead.status == LeadStatus.CLOSED:  # an old link or a second tab: said before a form is filled in
+            self.message_user(request, f"Lead #{lead.pk} is closed: it is not reassigned.", messages.WARNING)  # type: ignore[attr-defined]
+            return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
         form = AssignForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             rep = form.cleaned_data["rep"]

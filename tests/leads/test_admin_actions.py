@@ -224,6 +224,23 @@ def test_reassign_from_the_lead_page(api, make_group, manager):
     assert again.status_code == 200 and b"already owns" in again.content
 
 
+def test_a_closed_lead_offers_no_reassign(api, make_group, manager):
+    """A closed lead is not moved (the API says 409): its page says it is closed instead of
+    offering a form that could only fail, and an old link to that form says so too."""
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    assert api.post(f"/api/v1/leads/{lead_id}/close/", {"outcome": "won"}, format="json").status_code == 200
+    change = manager.get(f"/admin/leads/lead/{lead_id}/change/").content.decode()
+    assert f"/admin/leads/lead/{lead_id}/reassign/" not in change
+    assert "Closed (Won): not reassigned." in change and f"?lead_id={lead_id}" in change
+    r = manager.get(f"/admin/leads/lead/{lead_id}/reassign/", follow=True)
+    assert r.redirect_chain == [(f"/admin/leads/lead/{lead_id}/change/", 302)]
+    assert [str(m) for m in r.context["messages"]] == [f"Lead #{lead_id} is closed: it is not reassigned."]
+    r = manager.post(f"/admin/leads/lead/{lead_id}/reassign/", {"rep": reps[1].id, "reason": "late"})
+    assert r.status_code == 302 and Lead.objects.get(pk=lead_id).owner_id == reps[0].id
+    assert not AuditEvent.objects.filter(type="lead.reassigned").exists()
+
+
 def test_reassigning_to_a_rep_away_says_when_the_rep_is_back_in_the_reps_time_zone(api, make_group, manager):
     from datetime import UTC, datetime, timedelta
 
