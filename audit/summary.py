@@ -122,7 +122,10 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
     if type in ("lead.queued", "lead.rerouted", "lead.escalated"):
         skipped = _skipped(candidates)
         text = f"Sent to the fallback queue: {e.get('queue_reason') or 'no eligible rep'}"
-        text += f"; {rule}" if decided else f"; {where}"
+        if not decided:
+            text += f"; {where}"
+        elif e.get("rule") or e.get("group"):  # with neither, the queue reason just said so
+            text += f"; {rule}"
         text += passed_over
         return cause + text + (f". Candidates: {skipped}." if skipped else ".")
     if type == "lead.reassigned":

@@ -45,6 +45,13 @@ def test_an_escalation_says_whose_sla_ran_out_and_who_has_the_lead_now(api, make
     assert f"Not chosen: {reps[0].name}: already had this lead." in text, text
 
 
+def test_a_lead_no_rule_and_no_default_group_takes_says_so_once(api):
+    r = api.post("/api/v1/leads/", lead_body(), format="json")
+    assert r.status_code == 201 and r.json()["status"] == "queued", r.content
+    text = summary(AuditEvent.objects.get(type="lead.queued"))
+    assert text == "Sent to the fallback queue: no rule matched and there is no default group.", text
+
+
 def test_an_escalation_into_the_queue_reads_as_queued_not_as_given_to_nobody(api, make_group):
     group, reps = make_group(2, slug="emea", sla_minutes="30", max_attempts=5)
     Membership.objects.filter(group=group, rep=reps[1]).update(max_open=0)
