@@ -14,7 +14,7 @@ from routing_project.admin_lists import EstimatedCountPaginator
 from security.admin_views import SuperusersOnly
 
 from . import services
-from .models import Delivery, OutboxMessage, WebhookEndpoint
+from .models import Delivery, OutboxMessage, WebhookEndpoint, url_shown
 
 
 def _actor(request: HttpRequest) -> str:
@@ -60,7 +60,8 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
                 fields = [f for f in form.changed_data if f in ("group", "url", "active")]
                 if not fields:
                     return
-                values = {f: obj.group.slug if f == "group" else getattr(obj, f) for f in fields}
+                shown = {"group": obj.group.slug, "url": url_shown(obj.url)}  # its password masked
+                values = {f: shown.get(f, getattr(obj, f)) for f in fields}
                 explanation = {"webhook_endpoint": obj.pk, "change": "edited", "fields": values}
                 if "active" in fields and not obj.active:
                     services.endpoint_stopped(endpoint_id=obj.pk, gone="deactivated")
@@ -71,7 +72,12 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
                     # The new address is tried at once, not after the old one's backoff and hold.
                     services.endpoint_repointed(endpoint_id=obj.pk)
             else:
-                explanation = {"webhook_endpoint": obj.pk, "change": "created", "url": obj.url, "active": obj.active}
+                explanation = {
+                    "webhook_endpoint": obj.pk,
+                    "change": "created",
+                    "url": url_shown(obj.url),
+                    "active": obj.active,
+                }
             audit_record(
                 type=AuditEvent.Type.CLIENT_CHANGED,
                 actor=_actor(request),
@@ -82,7 +88,7 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: WebhookEndpoint) -> None:
         # Where the group's leads were sent: who stopped it is audited, as who created it.
         with transaction.atomic():
-            explanation = {"webhook_endpoint": obj.pk, "change": "deleted", "url": obj.url}
+            explanation = {"webhook_endpoint": obj.pk, "change": "deleted", "url": url_shown(obj.url)}
             group = obj.group.slug
             services.endpoint_stopped(endpoint_id=obj.pk, gone="deleted")  # before its deliveries lose it
             super().delete_model(request, obj)

@@ -33,6 +33,22 @@ def port_in_range(url: str) -> None:
         raise ValidationError("Enter a port from 1 to 65535.", code="bad_port")
 
 
+def url_shown(url: str) -> str:
+    """The address with the credentials of its user part masked (`https://crm:<password>@host/`,
+    sent as HTTP Basic authentication, shows as `https://crm:***@host/`; a user part alone, often
+    a token, as `***`): as the delivery log, the audit trail and the endpoint's name show it to
+    staff who may not see the endpoints themselves."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if "@" not in parts.netloc:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    return parts._replace(netloc=f"{user}:***@{host}" if colon else f"***@{host}").geturl()
+
+
 def new_secret() -> str:
     return secrets.token_hex(32)
 
@@ -71,7 +87,7 @@ class WebhookEndpoint(models.Model):
         ordering = ["group", "id"]
 
     def __str__(self) -> str:
-        return f"{self.group} -> {self.url}"
+        return f"{self.group} -> {url_shown(self.url)}"
 
 
 class OutboxMessage(models.Model):

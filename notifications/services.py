@@ -8,6 +8,7 @@ delivery retried with exponential backoff until it succeeds or runs out of attem
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -22,7 +23,7 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
@@ -36,7 +37,7 @@ from rotation.models import Rep
 from routing_project.bulkdb import rows_insert
 from security import secret_rotation
 
-from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret
+from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret, url_shown
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,12 @@ def group_endpoints_deleted(group_id: int, slug: str, actor: str) -> list[Event]
             AuditEvent.Type.CLIENT_CHANGED,
             actor,
             group=slug,
-            explanation={"webhook_endpoint": pk, "change": "deleted", "url": url, "because": "group deleted"},
+            explanation={
+                "webhook_endpoint": pk,
+                "change": "deleted",
+                "url": url_shown(url),
+                "because": "group deleted",
+            },
         )
         for pk, url in endpoints
     ]
@@ -293,7 +299,7 @@ def _deliveries_for(messages: list[OutboxMessage], now: datetime) -> list[Delive
                     channel=Delivery.Channel.WEBHOOK,
                     endpoint=endpoint,
                     rep_id=m.rep_id,
-                    target=endpoint.url,
+                    target=url_shown(endpoint.url),
                     created_at=now,
                     next_attempt_at=now,
                 )
@@ -390,7 +396,7 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         # Where this attempt goes, as the log names it: an endpoint re-pointed since, or a rep's
         # address corrected since (the old one refused), takes the retries at its new address.
         if d.endpoint is not None:
-            d.target = d.endpoint.url
+            d.target = url_shown(d.endpoint.url)
         elif d.channel == Delivery.Channel.EMAIL and d.rep is not None:
             d.target = d.rep.email
         try:
@@ -659,6 +665,12 @@ def webhook_post(url: str, body: bytes, headers: dict[str, str], *, timeout: flo
         conn = connection_class(parts.hostname, port, timeout=timeout, **kwargs)
     except (ValueError, http.client.HTTPException) as exc:  # a port out of range, a malformed host
         raise DeliveryError(f"{type(exc).__name__}: {exc}") from exc
+    if parts.username is not None:
+        # A user and password in the address (https://crm:<password>@host/...) are sent as HTTP
+        # Basic authentication, as curl or a browser sends them: http.client alone drops them,
+        # and the receiver answered every delivery 401.
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers = {**headers, "Authorization": f"Basic {base64.b64encode(credentials).decode('ascii')}"}
     expired = threading.Event()
 
     def cut() -> None:
@@ -680,6 +692,9 @@ def webhook_post(url: str, body: bytes, headers: dict[str, str], *, timeout: flo
         detail = ""
         if not 200 <= response.status < 300:
             detail = response.read(300).decode("utf-8", "replace")
+            location = response.getheader("Location") if 300 <= response.status < 400 else None
+            if location:  # where the receiver says it moved: the endpoint's URL to correct
+                detail = f"Location: {url_shown(location)[:300]} {detail}".strip()
         return response.status, detail
     except (OSError, http.client.HTTPException, ValueError, UnicodeError) as exc:
         if expired.is_set():

@@ -91,3 +91,72 @@ def test_a_search_for_a_digit_that_is_no_number_finds_nothing(admin_client, give
     r = admin_client.get(path, {"q": term})
     assert r.status_code == 200
     assert r.context["cl"].result_count == 0
+
+
+def test_credentials_in_the_address_are_sent_as_basic_auth_and_shown_masked(
+    make_group, receiver, settings, admin_client, client
+):
+    """An endpoint's address may carry a user and password for a receiver behind HTTP Basic
+    authentication: they are sent (http.client alone dropped them, and the receiver refused
+    every delivery), and the delivery log, the audit trail and the endpoint's name, which staff
+    who may not see the endpoints read, show the password masked."""
+    import base64
+
+    from django.contrib.auth.models import Group as Role
+    from django.contrib.auth.models import User
+
+    from audit.models import AuditEvent
+
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(1, slug="emea")
+    url = receiver.url.replace("http://", "http://crm:p%40ss-w0rd@")
+    r = admin_client.post("/admin/notifications/webhookendpoint/add/", {"group": group.pk, "url": url, "active": "on"})
+    assert r.status_code == 200
+    endpoint = WebhookEndpoint.objects.get(group=group)
+    assert endpoint.url == url
+    delivery_id = dispatched(group, reps[0], 7)
+    assert services.delivery_attempt(delivery_id=delivery_id) is None
+    [request] = receiver.requests
+    assert request["headers"]["Authorization"] == "Basic " + base64.b64encode(b"crm:p@ss-w0rd").decode()
+    d = Delivery.objects.get(pk=delivery_id)
+    assert d.status == "sent"
+    assert d.target == receiver.url.replace("http://", "http://crm:***@")
+    assert "p%40ss" not in str(endpoint)
+    created = AuditEvent.objects.get(type=AuditEvent.Type.CLIENT_CHANGED)
+    assert "p%40ss" not in str(created.explanation) and "crm:***@" in created.explanation["url"]
+
+    auditor = User.objects.create_user("auditor", password="x", is_staff=True)
+    auditor.groups.add(Role.objects.get(name="Auditors"))
+    client.force_login(auditor)
+    for page in ("/admin/notifications/delivery/", f"/admin/notifications/delivery/{delivery_id}/change/"):
+        r = client.get(page)
+        assert r.status_code == 200
+        assert "p%40ss" not in r.content.decode() and "p@ss" not in r.content.decode()
+
+
+def test_a_redirect_says_where_to(make_group, settings):
+    """A 3xx is not followed: the log says where the receiver points, the address to correct."""
+    from http.server import BaseHTTPRequestHandler
+
+    from tests.notifications.test_notifications import serving
+
+    class Moved(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(308)
+            self.send_header("Location", "https://crm.example/v2/hooks")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(1)
+    with serving(Moved) as base:
+        WebhookEndpoint.objects.create(group=group, url=f"{base}/hooks")
+        delivery_id = dispatched(group, reps[0], 7)
+        assert services.delivery_attempt(delivery_id=delivery_id) is not None
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.last_status_code) == ("pending", 308)
+    assert d.last_error == "HTTP 308: Location: https://crm.example/v2/hooks"
