@@ -265,14 +265,18 @@ def outbox_dispatch(*, message_id: int) -> list[int]:
 
 
 def outbox_dispatch_pending(*, older_than_s: float = 0.0, limit: int = 500) -> int:
-    """Fans out messages not dispatched yet (a lost task, a broker outage, a bulk import)."""
+    """Fans out messages not dispatched yet (a lost task, a broker outage, a bulk import).
+    `older_than_s` (the sweep's grace): only messages written that long ago; 0 (the drain):
+    every message committed, whatever its time, which is the writer's clock: a web host a few
+    milliseconds ahead of the worker's would otherwise leave its messages to the sweep."""
     now = timezone.now()
     with transaction.atomic():
-        messages = list(
-            OutboxMessage.objects.select_for_update(skip_locked=True, no_key=True)
-            .filter(dispatched_at__isnull=True, created_at__lte=now - timedelta(seconds=older_than_s))
-            .order_by("id")[:limit]
+        undispatched = OutboxMessage.objects.select_for_update(skip_locked=True, no_key=True).filter(
+            dispatched_at__isnull=True
         )
+        if older_than_s > 0:
+            undispatched = undispatched.filter(created_at__lte=now - timedelta(seconds=older_than_s))
+        messages = list(undispatched.order_by("id")[:limit])
         if not messages:
             return 0
         deliveries = _deliveries_for(messages, now)

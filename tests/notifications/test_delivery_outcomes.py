@@ -160,3 +160,28 @@ def test_a_redirect_says_where_to(make_group, settings):
     d = Delivery.objects.get(pk=delivery_id)
     assert (d.status, d.last_status_code) == ("pending", 308)
     assert d.last_error == "HTTP 308: Location: https://crm.example/v2/hooks"
+
+
+def test_the_drain_fans_out_a_message_stamped_by_a_clock_ahead_of_its_own(make_group, settings):
+    """The outbox row's time is the web host's clock; the drain runs on the notify worker's. A
+    web host a few milliseconds ahead stamped messages "in the future" for the worker, and the
+    drain left them to the sweep (up to NOTIFY_SWEEP_GRACE_S plus its period late): the drain
+    takes every message committed, whatever its time; only the sweep waits out its grace."""
+    from notifications import tasks
+
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(1)
+    WebhookEndpoint.objects.create(group=group, url=dead_url())
+    with transaction.atomic():
+        message = services.outbox_add(
+            event="lead.assigned",
+            lead_id=7,
+            group_id=group.id,
+            rep_id=reps[0].id,
+            payload={},
+            at=timezone.now() + timedelta(seconds=2),
+        )
+    assert tasks.outbox_drain() == 1
+    message.refresh_from_db()
+    assert message.dispatched_at is not None
+    assert Delivery.objects.filter(message=message).count() == 1
