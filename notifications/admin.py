@@ -248,7 +248,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         if left:
             message += (
                 f" {left} left as they are: only failed deliveries are sent again, and not to an endpoint"
-                " deleted or deactivated since."
+                " deleted, deactivated or moved to another group since."
             )
         self.message_user(request, message, messages.SUCCESS if again else messages.WARNING)
 

@@ -29,6 +29,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -503,14 +504,16 @@ def endpoint_stopped(*, endpoint_id: int, gone: str) -> int:
 def deliveries_send_again(*, ids: list[int]) -> list[int]:
     """Failed deliveries given a new round of attempts (a receiver that was down longer than the
     retries lasted, a mail server fixed since): pending again, due now, their sends published
-    after commit. A delivery sent is never sent again, and one whose endpoint was deleted or
-    deactivated stays failed. Returns the ids sent again."""
+    after commit. A delivery sent is never sent again, and one whose endpoint was deleted,
+    deactivated or moved to another group (its attempt would end it failed at once, the lead's
+    data not for that receiver) stays failed. Returns the ids sent again."""
     now = timezone.now()
     again = list(
         Delivery.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(pk__in=ids, status=Delivery.Status.FAILED)
         .exclude(channel=Delivery.Channel.WEBHOOK, endpoint__isnull=True)
         .exclude(channel=Delivery.Channel.WEBHOOK, endpoint__active=False)
+        .exclude(Q(channel=Delivery.Channel.WEBHOOK) & ~Q(endpoint__group_id=F("message__group_id")))
         .order_by("id")
         .values_list("id", flat=True)
     )

@@ -185,3 +185,31 @@ def test_the_drain_fans_out_a_message_stamped_by_a_clock_ahead_of_its_own(make_g
     message.refresh_from_db()
     assert message.dispatched_at is not None
     assert Delivery.objects.filter(message=message).count() == 1
+
+
+def test_a_delivery_to_an_endpoint_moved_to_another_group_is_not_sent_again(
+    make_group, receiver, settings, admin_client
+):
+    """An endpoint moved to another group gets none of the first group's leads: the delivery log
+    does not say such a delivery "will be sent again", only for it to end failed at its try."""
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(1, slug="emea")
+    other, _ = make_group(1, slug="apac")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    delivery_id = dispatched(group, reps[0], 7)
+    r = admin_client.post(
+        f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/",
+        {"group": other.pk, "url": receiver.url, "active": "on"},
+    )
+    assert r.status_code == 302
+    assert Delivery.objects.get(pk=delivery_id).status == "failed"
+    r = admin_client.post(
+        "/admin/notifications/delivery/",
+        {"action": "send_again", "_selected_action": [delivery_id]},
+        follow=True,
+    )
+    assert "0 deliveries will be sent again. 1 left as they are" in r.content.decode()
+    assert "moved to another group" in r.content.decode()
+    d = Delivery.objects.get(pk=delivery_id)
+    assert (d.status, d.last_error) == ("failed", "the endpoint was moved to another group")
+    assert receiver.requests == []
