@@ -371,11 +371,9 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         held = d.endpoint.unreachable_until if d.channel == Delivery.Channel.WEBHOOK and d.endpoint else None
         if held is not None and held > now:
             # Its endpoint gave no answer at all a moment ago: every send to it would hold a
-            # worker for the whole timeout, in front of the other endpoints' deliveries. This one
-            # waits for the endpoint's next try instead, without spending an attempt.
-            d.next_attempt_at = held
-            d.save(update_fields=["next_attempt_at"])
-            return (held - now).total_seconds()
+            # worker for the whole timeout, in front of the other endpoints' deliveries. This try
+            # is not sent; it fails as that one did (see _held_attempt).
+            return _held_attempt(d, now, held)
         if held is not None and d.endpoint is not None:
             # The hold is over, and every delivery it held is due at once: one of them tries the
             # endpoint (its row locked while it does, SKIP LOCKED), the others wait for that
@@ -387,15 +385,13 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
                 .filter(pk=d.endpoint.pk)
                 .values_list("unreachable_until", flat=True)
             )
-            wait_until = None
-            if not probe:  # another delivery is trying it
+            if not probe:  # another delivery is trying it: its outcome, without spending an attempt
                 wait_until = now + timedelta(seconds=settings.NOTIFY_WEBHOOK_TIMEOUT_S)
-            elif probe[0] is not None and probe[0] > now:  # that try got no answer either
-                wait_until = probe[0]
-            if wait_until is not None:
                 d.next_attempt_at = wait_until
                 d.save(update_fields=["next_attempt_at"])
                 return (wait_until - now).total_seconds()
+            if probe[0] is not None and probe[0] > now:  # that try got no answer either
+                return _held_attempt(d, now, probe[0])
         d.attempts += 1
         d.last_attempt_at = now
         # Where this attempt goes, as the log names it: an endpoint re-pointed since, or a rep's
@@ -461,6 +457,31 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         if held is not None and d.endpoint_id is not None:  # answering again: its held deliveries go at their next try
             WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(unreachable_until=None)
         return None
+
+
+def _held_attempt(d: Delivery, now: datetime, until: datetime) -> float | None:
+    """A try of `d` that falls while its endpoint is held (`until`: another delivery's try got
+    no answer): not sent, it fails as that try did, and the delivery goes on along its own
+    backoff, not before the hold ends. Held tries that spent no attempt waited for the try that
+    ended the hold, and only that try's delivery advanced: with N deliveries pending, an
+    endpoint that stayed down kept them pending about N times as long as NOTIFY_MAX_ATTEMPTS
+    lasts (never given up while new leads came), tried every few seconds by whichever fresh
+    delivery ended the last hold, and every delivery it held came due at the same instant.
+    Returns the seconds until its next try, or None when this was its last attempt."""
+    d.attempts += 1
+    d.last_attempt_at = now
+    d.last_status_code = None
+    d.last_error = f"not sent: the endpoint gave another delivery no answer, held until {until:%Y-%m-%d %H:%M:%S} UTC"
+    retry_in: float | None = None
+    if d.attempts >= settings.NOTIFY_MAX_ATTEMPTS:
+        d.status = Delivery.Status.FAILED
+        logger.warning("delivery %s (%s) failed for good after %s attempts: held", d.id, d.channel, d.attempts)
+    else:
+        own = now + timedelta(seconds=retry_delay(d.attempts))
+        d.next_attempt_at = max(own, until)
+        retry_in = (d.next_attempt_at - now).total_seconds()
+    d.save(update_fields=["attempts", "last_attempt_at", "last_status_code", "last_error", "status", "next_attempt_at"])
+    return retry_in
 
 
 def endpoint_repointed(*, endpoint_id: int) -> list[int]:

@@ -213,3 +213,46 @@ def test_a_delivery_to_an_endpoint_moved_to_another_group_is_not_sent_again(
     d = Delivery.objects.get(pk=delivery_id)
     assert (d.status, d.last_error) == ("failed", "the endpoint was moved to another group")
     assert receiver.requests == []
+
+
+def test_deliveries_held_by_an_endpoint_that_stays_down_end_after_their_attempts(make_group, settings):
+    """Each delivery is retried until NOTIFY_MAX_ATTEMPTS, about three hours, however many wait
+    for one endpoint that stays down: a try that falls while another delivery's unanswered try
+    holds the endpoint is not sent but counts, and each goes on along its own backoff. Held
+    tries spent no attempt before, and only the delivery that ended the hold advanced: five
+    deliveries still pending after three rounds, four of them with no attempt at all."""
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_MAX_ATTEMPTS = 3
+    settings.NOTIFY_BACKOFF_BASE_S = 600  # the hold outlasts the test
+    group, reps = make_group(1)
+    endpoint = WebhookEndpoint.objects.create(group=group, url=dead_url())
+    ids = [dispatched(group, reps[0], lead_id) for lead_id in range(7, 12)]
+    for _round in range(3):
+        due = Delivery.objects.filter(pk__in=ids, status="pending")
+        due.update(next_attempt_at=timezone.now() - timedelta(seconds=1))  # each one's own retry time
+        for delivery_id in ids:
+            services.delivery_attempt(delivery_id=delivery_id)
+        endpoint.refresh_from_db()
+        assert endpoint.unreachable_until is not None  # the first try's hold, all along
+    deliveries = Delivery.objects.filter(pk__in=ids).order_by("id")
+    assert [(d.status, d.attempts) for d in deliveries] == [("failed", 3)] * 5
+    assert deliveries[0].last_error.startswith("not sent: the endpoint gave another delivery no answer")
+
+
+def test_a_held_try_waits_for_its_own_backoff_or_the_hold_whichever_is_later(make_group, settings):
+    """Not sent while held, a delivery is due again at its own backoff, or when the hold ends
+    if that is later: the deliveries of a held endpoint do not all come due at its end."""
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_BACKOFF_BASE_S = 60
+    group, reps = make_group(1)
+    endpoint = WebhookEndpoint.objects.create(group=group, url=dead_url())
+    first, second = dispatched(group, reps[0], 7), dispatched(group, reps[0], 8)
+    hold = timezone.now() + timedelta(seconds=5)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(unreachable_until=hold)
+    wait = services.delivery_attempt(delivery_id=first)
+    assert wait is not None and 60 <= wait <= 75  # its own backoff, past the hold's end
+    hold = timezone.now() + timedelta(seconds=600)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(unreachable_until=hold)
+    wait = services.delivery_attempt(delivery_id=second)
+    assert wait is not None and 590 <= wait <= 600
+    assert Delivery.objects.get(pk=second).next_attempt_at == hold

@@ -754,7 +754,7 @@ def hanging_handler(hits: list[str], release: threading.Event, *, wait_s: float,
 
 def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(make_group, receiver, settings):
     """A receiver that hangs holds a worker for the whole timeout on every send: after one send
-    it did not answer, its other deliveries wait (no attempt spent, no worker held) while other
+    it did not answer, its other deliveries' tries fail as its did, unsent (no worker held), while other
     endpoints' go on; once it answers again, the hold is lifted. An HTTP error answer is an
     answer: it holds nothing."""
     settings.NOTIFY_REP_EMAIL = False
@@ -777,7 +777,10 @@ def test_an_endpoint_that_does_not_answer_holds_its_deliveries_not_the_workers(m
             wait = services.delivery_attempt(delivery_id=to_hung[1])
             assert wait is not None and wait > 0
             held = Delivery.objects.get(pk=to_hung[1])
-            assert (held.status, held.attempts, held.next_attempt_at) == ("pending", 0, hung.unreachable_until)
+            # Not sent: failed as the try that got no answer did, due again once the hold is over.
+            assert (held.status, held.attempts, held.last_status_code) == ("pending", 1, None)
+            assert held.next_attempt_at >= hung.unreachable_until
+            assert held.last_error.startswith("not sent: the endpoint gave another delivery no answer")
             assert len(hits) == 1  # not sent: no second hung request
             for delivery_id in to_healthy:
                 assert services.delivery_attempt(delivery_id=delivery_id) is None
