@@ -29,6 +29,8 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import Event, audit_record_many
+from notifications.models import OutboxMessage
+from notifications.services import outbox_announce_many_on_commit
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Absence, Group, Membership, Rep, RotationState
 from routing_project import metrics
@@ -263,10 +265,11 @@ def _escalate_with_backlog(
     assignments (at most `ESCALATION_BATCH` - 1, oldest due first). When many assignments of
     one group come due together (a burst of leads, an import), one transaction escalates a
     backlog instead of each timer queueing behind the others for the rotation lock and a
-    commit of its own: the group keeps up with its due times. Each is escalated exactly as on
-    its own (its own explanation and audit event); a lead another transaction holds is passed
-    over (its timer or the sweep takes it), and any failure stops the batch at that lead
-    (its savepoint rolled back) with the ones before kept."""
+    commit of its own: the group keeps up with its due times. The backlog is decided in
+    memory, in order, exactly as one escalation after the other (each with its own
+    explanation and audit event), and written in one statement per table
+    (`_escalate_many_locked`); a lead another transaction holds is passed over (its timer or
+    the sweep takes it), and a failure rolls the backlog back, the first escalation kept."""
     state = routing.lock_rotation(group_id) if group_id is not None else None
     result = _escalate_locked(assignment_id, lead_id, state, actor, skip_locked)
     if state is None or result.outcome not in ("escalated", "queued"):
@@ -294,18 +297,26 @@ def _escalate_backlog(
         .order_by("due_at", "pk")
         .values_list("pk", "lead_id")[: settings.ESCALATION_BATCH - 1]
     )
+    if not others:
+        return replace(result, backlog={}), drain
     tally: dict[str, int] = {}
-    for other_id, other_lead_id in others:
-        try:
-            with transaction.atomic():
-                other = _escalate_locked(other_id, other_lead_id, state, actor, skip_locked=True)
-        except Exception:
-            # `state` may have moved in memory with the rolled-back work: stop here. The lead's
-            # own timer, or the sweep, escalates it (and logs whatever fails again).
-            logger.warning(
-                "escalation batch of group %s stopped at assignment %s", state.group_id, other_id, exc_info=True
+    try:
+        with transaction.atomic():
+            leads = {
+                lead.pk: lead
+                for lead in Lead.objects.select_for_update(of=("self",), skip_locked=True)
+                .select_related("group", "owner")
+                .filter(pk__in=[lead_id for _, lead_id in others])
+            }
+            results = _escalate_many_locked(
+                [(assignment_id, leads.get(lead_id), lead_id) for assignment_id, lead_id in others], state, actor
             )
-            break
+    except Exception:
+        # Nothing of the backlog is kept (its savepoint rolled back) and `state` may have moved
+        # in memory with it: the leads' own timers, or the sweep, escalate them.
+        logger.warning("escalation backlog of group %s not escalated", state.group_id, exc_info=True)
+        return replace(result, backlog={}), drain
+    for other in results:
         tally[other.outcome] = tally.get(other.outcome, 0) + 1
         drain = drain or other.frees_capacity
     return replace(result, backlog=tally), drain
@@ -316,98 +327,194 @@ def _escalate_locked(
 ) -> EscalationResult:
     """One escalation, the group's rotation row (`state`) locked by the caller."""
     lead = _lock_lead(lead_id, skip_locked=skip_locked)
-    if lead is None:
-        return EscalationResult("skipped", lead_id=lead_id)
-    assignment = Assignment.objects.get(pk=assignment_id)  # the truth, read under the locks
-    if assignment.ended_at is not None or assignment.accepted_at is not None or assignment.due_at is None:
-        return EscalationResult("done", lead_id=lead_id)
-    if state is not None and state.group.sla_minutes is None:
-        _sla_removed(lead, assignment, actor)
-        return EscalationResult("done", lead_id=lead_id)
-    now = timezone.now()
-    if assignment.due_at > now:
-        return EscalationResult("not_due", due_at=assignment.due_at, lead_id=lead_id)
     if state is None:  # no group, no SLA: nothing to escalate to
-        return EscalationResult("done", lead_id=lead_id)
-    group = state.group
+        return EscalationResult("skipped" if lead is None else "done", lead_id=lead_id)
+    [result] = _escalate_many_locked([(assignment_id, lead, lead_id)], state, actor)
+    return result
 
-    _end(assignment, now, "sla_missed")
-    missed_rep = assignment.rep_id
-    events: list[Event] = []
-    paused, frees_capacity = _count_miss(group, missed_rep, lead.id, actor, events)
-    # An attempt is an assignment of the lead in this group, by the rotation or by hand; the
-    # misses are those that ran out their SLA.
-    history = list(Assignment.objects.filter(lead=lead).values_list("group_id", "end_reason", "rep_id", "attempt"))
-    in_group = [end_reason for group_id, end_reason, _, _ in history if group_id == group.id]
-    attempts, misses = len(in_group), in_group.count("sla_missed")
-    had = {rep_id for _, _, rep_id, _ in history}
-    explanation: dict[str, Any] = {
-        "group": group.slug,
-        "strategy": group.strategy,
-        "from_rep": missed_rep,
-        "missed_attempt": assignment.attempt,
-        "missed_due_at": _iso(assignment.due_at),
-        "late_by_s": round((now - assignment.due_at).total_seconds(), 3),
-        "attempts_in_group": attempts,
-        "sla_misses_in_group": misses,
-        "max_attempts": group.max_attempts,
-        "excluded": sorted(had),
-        "trigger": "sweep" if actor == "system:sweep" else "timer",
-    }
-    if paused:
-        explanation["auto_paused"] = missed_rep
-    lead.escalations += 1
-    new_rep: int | None = None
-    if not group.active:
-        _queue(lead, f"SLA missed and group '{group.slug}' is inactive")
-    elif attempts >= group.max_attempts:
-        missed = "SLA missed once" if misses == 1 else f"SLA missed {misses} times"
-        given = f"{attempts} assignments there" if attempts > 1 else "1 assignment there"
-        _queue(lead, f"{missed}; max_attempts ({group.max_attempts}) reached in '{group.slug}' ({given})")
-    else:
-        facts = routing.member_facts(group, now)
-        decision = routing.decide(
-            strategy=group.strategy,
-            pointer=state.pointer,
-            current_weights=state.current_weights or {},
-            facts=facts,
-            now=now,
-            exclude=had,
-        )
-        explanation.update(decision.explanation())
-        if decision.rep_id is None:
-            _queue(lead, f"SLA missed; no eligible rep in '{group.slug}' who has not had this lead")
+
+@dataclass
+class _Miss:
+    """A member's consecutive SLA misses, counted in memory over a set of escalations."""
+
+    member: Membership
+    fields: set[str]
+
+
+def _escalate_many_locked(
+    items: list[tuple[int, Lead | None, int]], state: RotationState, actor: str
+) -> list[EscalationResult]:
+    """Escalates each (assignment id, its lead locked or None if another transaction holds
+    it, lead id), in order, under the group's rotation lock (`state`) held by the caller:
+    exactly as one after the other, each in its own transaction, would (the eligibility,
+    counts, caps, pauses and rotation each decision sees include the ones before it), but
+    read once and written in one statement per table: a burst of due assignments escalates
+    in a few round trips, not a dozen per lead."""
+    group = state.group
+    now = timezone.now()
+    # The truth, read under the locks: a lead's assignments change only under its lock.
+    assignments = Assignment.objects.in_bulk([a for a, lead, _ in items if lead is not None])
+    results: list[EscalationResult | None] = []
+    due: list[tuple[Assignment, Lead]] = []  # their due_at is set and past
+    for assignment_id, lead, lead_id in items:
+        assignment = assignments.get(assignment_id)
+        if lead is None:
+            results.append(EscalationResult("skipped", lead_id=lead_id))
+        elif assignment is None or assignment.ended_at or assignment.accepted_at or assignment.due_at is None:
+            results.append(EscalationResult("done", lead_id=lead_id))
+        elif group.sla_minutes is None:
+            _sla_removed(lead, assignment, actor)
+            results.append(EscalationResult("done", lead_id=lead_id))
+        elif assignment.due_at > now:
+            results.append(EscalationResult("not_due", due_at=assignment.due_at, lead_id=lead_id))
         else:
-            new = _assign(
-                lead,
-                rep_id=decision.rep_id,
-                group=group,
-                reason=Assignment.Reason.ESCALATION,
+            results.append(None)
+            due.append((assignment, lead))
+    if not due:
+        return [r for r in results if r is not None]
+
+    # An attempt is an assignment of the lead in this group, by the rotation or by hand; the
+    # misses are those that ran out their SLA (the ones escalated here included).
+    ending = {assignment.pk for assignment, _ in due}
+    history: dict[int, list[tuple[int | None, str, int, int]]] = {}
+    for pk, lead_id, group_id, end_reason, rep_id, attempt in Assignment.objects.filter(
+        lead_id__in=[lead.pk for _, lead in due]
+    ).values_list("pk", "lead_id", "group_id", "end_reason", "rep_id", "attempt"):
+        reason = "sla_missed" if pk in ending else end_reason
+        history.setdefault(lead_id, []).append((group_id, reason, rep_id, attempt))
+    # The members who missed, locked by their keys in one order (no join with the group's row:
+    # the model's ordering would lock that too, FOR UPDATE, where routing holds it FOR NO KEY
+    # UPDATE).
+    misses = {
+        m.rep_id: _Miss(m, set())
+        for m in Membership.objects.select_for_update(of=("self",))
+        .filter(group=group, rep_id__in={a.rep_id for a, _ in due})
+        .order_by("pk")
+    }
+    # Eligibility, read once after the locks, then kept up to date in memory as each
+    # escalation moves a lead (the open and today counts) or pauses a member.
+    facts = routing.member_facts(group, now) if group.active else []
+    moved = False
+    ended: list[int] = []
+    new_assignments: list[Assignment] = []
+    outbox: list[Any] = []
+    events: list[Event] = []
+    counted: dict[str, int] = {}
+    by_lead: dict[int, EscalationResult] = {}
+    for assignment, lead in due:
+        ended.append(assignment.pk)
+        missed_rep = assignment.rep_id
+        auto_paused: list[Event] = []
+        paused, frees_capacity = _count_miss(group, misses.get(missed_rep), lead.id, actor, auto_paused)
+        if paused:
+            _facts_paused(facts, misses[missed_rep].member)
+        in_group = [end_reason for group_id, end_reason, _, _ in history[lead.pk] if group_id == group.id]
+        attempts, missed_count = len(in_group), in_group.count("sla_missed")
+        had = {rep_id for _, _, rep_id, _ in history[lead.pk]}
+        explanation: dict[str, Any] = {
+            "group": group.slug,
+            "strategy": group.strategy,
+            "from_rep": missed_rep,
+            "missed_attempt": assignment.attempt,
+            "missed_due_at": _iso(assignment.due_at),
+            "late_by_s": round((now - (assignment.due_at or now)).total_seconds(), 3),
+            "attempts_in_group": attempts,
+            "sla_misses_in_group": missed_count,
+            "max_attempts": group.max_attempts,
+            "excluded": sorted(had),
+            "trigger": "sweep" if actor == "system:sweep" else "timer",
+        }
+        if paused:
+            explanation["auto_paused"] = missed_rep
+        lead.escalations += 1
+        new: Assignment | None = None
+        if not group.active:
+            _queue(lead, f"SLA missed and group '{group.slug}' is inactive")
+        elif attempts >= group.max_attempts:
+            missed_text = "SLA missed once" if missed_count == 1 else f"SLA missed {missed_count} times"
+            given = f"{attempts} assignments there" if attempts > 1 else "1 assignment there"
+            _queue(lead, f"{missed_text}; max_attempts ({group.max_attempts}) reached in '{group.slug}' ({given})")
+        else:
+            decision = routing.decide(
+                strategy=group.strategy,
+                pointer=state.pointer,
+                current_weights=state.current_weights or {},
+                facts=facts,
                 now=now,
-                last_attempt=max(attempt for *_, attempt in history),
+                exclude=had,
             )
-            routing.advance(state, decision)
-            new_rep = decision.rep_id
-            explanation.update({"to_rep": new_rep, "attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
-    if new_rep is None:
-        explanation.update({"to_rep": None, "queued": True, "queue_reason": lead.queue_reason})
-    lead.save(update_fields=LEAD_ROUTING_FIELDS)
-    if new_rep is None:
-        # The group's webhooks hear of it too (owner null): the CRM must not go on showing
-        # the rep who missed the SLA as the owner. No e-mail: nobody owns it.
-        notify.lead_notify(
-            lead=lead, event="lead.escalated", reason="queued", attempt=assignment.attempt, at=now, group=group
-        )
-    events.insert(0, Event(AuditEvent.Type.LEAD_ESCALATED, actor, lead.id, group.slug, new_rep, explanation))
+            explanation.update(decision.explanation())
+            if decision.rep_id is None:
+                _queue(lead, f"SLA missed; no eligible rep in '{group.slug}' who has not had this lead")
+            else:
+                new = Assignment(
+                    lead=lead,
+                    rep_id=decision.rep_id,
+                    group=group,
+                    attempt=max(attempt for *_, attempt in history[lead.pk]) + 1,
+                    reason=Assignment.Reason.ESCALATION,
+                    started_at=now,
+                    due_at=routing.sla_due(group, now),
+                    over_cap=False,
+                )
+                new_assignments.append(new)
+                history[lead.pk].append((group.id, "", new.rep_id, new.attempt))
+                lead.status, lead.owner_id = LeadStatus.ASSIGNED, decision.rep_id
+                lead.assigned_at, lead.accepted_at, lead.sla_due_at, lead.queue_reason = now, None, new.due_at, ""
+                moved = routing.advance_apply(state, decision) or moved
+                _facts_moved(facts, decision.rep_id, open=1, assigned_today=1)
+                explanation.update({"to_rep": new.rep_id, "attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
+        if new is None:
+            explanation.update({"to_rep": None, "queued": True, "queue_reason": lead.queue_reason})
+            # The group's webhooks hear of it too (owner null): the CRM must not go on showing
+            # the rep who missed the SLA as the owner. No e-mail: nobody owns it.
+            outbox.append(
+                notify.lead_outbox_message(
+                    lead=lead, event="lead.escalated", reason="queued", attempt=assignment.attempt, at=now, group=group
+                )
+            )
+        else:
+            # Webhook and e-mail to the new owner.
+            outbox.append(
+                notify.lead_outbox_message(
+                    lead=lead,
+                    event="lead.escalated",
+                    reason=Assignment.Reason.ESCALATION,
+                    attempt=new.attempt,
+                    at=now,
+                    group=group,
+                )
+            )
+        # Read by the next decision as a fresh read would find it: this lead no longer the
+        # missed rep's (one escalation's own read still counted it: its lead was saved after).
+        _facts_moved(facts, missed_rep, open=-1)
+        rep = new.rep_id if new is not None else None
+        events.append(Event(AuditEvent.Type.LEAD_ESCALATED, actor, lead.id, group.slug, rep, explanation))
+        events.extend(auto_paused)
+        outcome, counted_as = ("escalated", "reassigned") if new is not None else ("queued", "queued")
+        counted[counted_as] = counted.get(counted_as, 0) + 1
+        by_lead[lead.pk] = EscalationResult(outcome, lead_id=lead.id, frees_capacity=frees_capacity)
+        logger.info("lead %s escalated from rep %s to %s", lead.id, missed_rep, rep or "the queue")
+
+    # The writes, one statement per table, in the order one escalation writes them.
+    Assignment.objects.filter(pk__in=ended).update(ended_at=now, end_reason="sla_missed")
+    for miss in misses.values():
+        if miss.fields:
+            miss.member.save(update_fields=sorted(miss.fields))
+    Assignment.objects.bulk_create(new_assignments)
+    Lead.objects.bulk_update([lead for _, lead in due], LEAD_ROUTING_FIELDS)
+    if moved:
+        routing.advance_write(state)
+    OutboxMessage.objects.bulk_create(outbox)
+    outbox_announce_many_on_commit([m.id for m in outbox])
     audit_record_many(events=events)
-    # The rep who missed has one open lead fewer: under a max_open cap that frees capacity
-    # (without one it frees none, and the drain, which walks past every lead in the queue
-    # that used up its attempts, is not run for nothing after each escalation). The caller
-    # schedules it, once for a whole batch.
-    slug, outcome = group.slug, "reassigned" if new_rep else "queued"
-    transaction.on_commit(lambda: _escalation_counted(slug, outcome))
-    logger.info("lead %s escalated from rep %s to %s", lead.id, missed_rep, new_rep or "the queue")
-    return EscalationResult("escalated" if new_rep else "queued", lead_id=lead.id, frees_capacity=frees_capacity)
+    if len(new_assignments) == 1:
+        scheduling.timer_schedule_on_commit(assignment_id=new_assignments[0].id, due_at=new_assignments[0].due_at)
+    else:
+        scheduling.batch_timer_schedule_on_commit(due_times=[a.due_at for a in new_assignments])
+    slug = group.slug
+    transaction.on_commit(lambda: _escalations_counted(slug, counted))
+    return [r if r is not None else by_lead[lead_id] for r, (_, _, lead_id) in zip(results, items, strict=True)]
 
 
 def _sla_removed(lead: Lead, assignment: Assignment, actor: str) -> None:
@@ -445,19 +552,16 @@ def _escalation_counted(group: str, outcome: str) -> None:
     metrics.escalation_recorded(group=group, outcome=outcome)
 
 
-def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: list[Event]) -> tuple[bool, bool]:
-    """Counts a consecutive SLA miss; pauses the member at the group's threshold (if set).
-    Returns whether it paused the member, and whether the lead it loses frees capacity (a
-    `max_open` cap, the member still taking leads)."""
-    # The member's row only, by its key (no join with the group's row: the model's ordering
-    # would lock that too, FOR UPDATE, where routing holds it FOR NO KEY UPDATE).
-    member = (
-        Membership.objects.select_for_update(of=("self",)).filter(group=group, rep_id=rep_id).order_by("pk").first()
-    )
-    if member is None:
+def _count_miss(group: Group, miss: _Miss | None, lead_id: int, actor: str, events: list[Event]) -> tuple[bool, bool]:
+    """Counts a consecutive SLA miss of the member (locked by the caller; None: no longer a
+    member) in memory; pauses it at the group's threshold (if set). Returns whether it paused
+    the member, and whether the lead it loses frees capacity (a `max_open` cap, the member
+    still taking leads)."""
+    if miss is None:
         return False, False
+    member = miss.member
     member.consecutive_misses += 1
-    fields = ["consecutive_misses"]
+    miss.fields.add("consecutive_misses")
     threshold = group.auto_pause_after_misses
     paused = bool(threshold) and member.active and member.consecutive_misses >= (threshold or 0)
     if paused:
@@ -466,16 +570,14 @@ def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: lis
             "1 SLA miss" if member.consecutive_misses == 1 else f"{member.consecutive_misses} consecutive SLA misses"
         )
         member.paused_reason = f"auto-paused after {misses}"
-        fields += ["active", "paused_reason"]
-    member.save(update_fields=fields)
-    if paused:
+        miss.fields.update(("active", "paused_reason"))
         events.append(
             Event(
                 AuditEvent.Type.MEMBERSHIP_CHANGED,
                 actor,
                 None,
                 group.slug,
-                rep_id,
+                member.rep_id,
                 {
                     "action": "auto_paused",
                     "consecutive_misses": member.consecutive_misses,
@@ -486,6 +588,29 @@ def _count_miss(group: Group, rep_id: int, lead_id: int, actor: str, events: lis
             )
         )
     return paused, member.max_open is not None and not paused
+
+
+def _facts_moved(facts: list[MemberFacts], rep_id: int, **changes: int) -> None:
+    """Keeps `facts` as a fresh read would find them after an escalation: `open` and
+    `assigned_today` moved by the given amounts."""
+    for i, f in enumerate(facts):
+        if f.rep_id == rep_id:
+            facts[i] = replace(f, **{name: getattr(f, name) + by for name, by in changes.items()})
+            return
+
+
+def _facts_paused(facts: list[MemberFacts], member: Membership) -> None:
+    for i, f in enumerate(facts):
+        if f.rep_id == member.rep_id:
+            facts[i] = replace(f, member_active=member.active, paused_reason=member.paused_reason)
+            return
+
+
+def _escalations_counted(group: str, outcomes: Mapping[str, int]) -> None:
+    """Every escalation is an SLA missed; counted once committed (a rollback counts nothing)."""
+    for outcome, n in outcomes.items():
+        for _ in range(n):
+            _escalation_counted(group, outcome)
 
 
 def escalation_sweep(

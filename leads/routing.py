@@ -327,10 +327,14 @@ def decide(
 
 def advance(state: RotationState, decision: Decision) -> None:
     """Writes the new rotation position (only when the rotation chose a rep)."""
-    if not advance_apply(state, decision):
-        return
+    if advance_apply(state, decision):
+        advance_write(state)  # on PostgreSQL the same UPDATE, without the ORM's compile cost
+
+
+def advance_write(state: RotationState) -> None:
+    """Writes the position `advance_apply` moved `state` to (once for several decisions)."""
     if connection.vendor == "postgresql":
-        routing_sql.rotation_advance(state)  # under the lock: the same UPDATE, without the ORM's compile cost
+        routing_sql.rotation_advance(state)
     else:
         state.save(update_fields=["pointer", "current_weights", "turns", "updated_at"])
 

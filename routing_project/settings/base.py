@@ -256,7 +256,7 @@ ESCALATION_SWEEP_BATCH = env.int("ESCALATION_SWEEP_BATCH", default=500)
 # An escalation also escalates up to this many - 1 other overdue assignments of its group under
 # the same rotation lock (a burst of due times is worked off in a few transactions, not one per
 # lead); it bounds how long intake into that group waits for the lock meanwhile. 1: one each.
-ESCALATION_BATCH = env.int("ESCALATION_BATCH", default=20)
+ESCALATION_BATCH = env.int("ESCALATION_BATCH", default=50)
 if ESCALATION_BATCH < 1:
     raise ImproperlyConfigured(f"ESCALATION_BATCH is {ESCALATION_BATCH}: give at least 1.")
 # Queues drain after commit of the change that freed capacity; this sweep is the backstop

@@ -139,3 +139,123 @@ def test_a_batch_that_frees_capacity_drains_the_queue_once(api, make_group, monk
     monkeypatch.setattr(scheduling, "drain_publish", lambda group_ids: drains.append(group_ids))
     assert actions.lead_escalate(assignment_id=rows[0].pk).backlog == {"escalated": 3}
     assert drains == [[group.id]]
+
+
+class _Undo(Exception):
+    pass
+
+
+def _state_after(marker: tuple[int, int], group) -> dict:
+    """What escalations leave behind, without times and ids that differ between two runs."""
+    from notifications.models import OutboxMessage
+
+    timed = ("late_by_s", "missed_due_at", "sla_due_at")
+    audit_from, outbox_from = marker
+    return {
+        "leads": sorted(
+            Lead.objects.values_list("id", "status", "owner_id", "escalations", "queue_reason", "group_id")
+        ),
+        "assignments": sorted(
+            (a.lead_id, a.attempt, a.rep_id, a.reason, a.end_reason, a.ended_at is None, a.due_at is None)
+            for a in Assignment.objects.all()
+        ),
+        "members": sorted(Membership.objects.values_list("rep_id", "consecutive_misses", "active", "paused_reason")),
+        "rotation": RotationState.objects.filter(group=group).values_list("pointer", "current_weights", "turns").get(),
+        "events": [
+            (e.type, e.lead_id, e.rep_id, e.group, e.actor, {k: v for k, v in e.explanation.items() if k not in timed})
+            for e in AuditEvent.objects.filter(pk__gt=audit_from).order_by("pk")
+        ],
+        "outbox": [
+            (
+                m.event,
+                m.lead_id,
+                m.group_id,
+                m.rep_id,
+                {**m.payload, "lead": {k: v for k, v in m.payload["lead"].items() if not k.endswith("_at")}},
+            )
+            for m in OutboxMessage.objects.filter(pk__gt=outbox_from).order_by("pk")
+        ],
+    }
+
+
+SCENARIOS: dict[str, dict] = {
+    "round robin, attempts run out": {"strategy": "round_robin", "max_attempts": 2, "leads": 12},
+    "weighted, caps and auto-pause": {
+        "strategy": "weighted",
+        "max_attempts": 3,
+        "leads": 15,
+        "members": {0: {"max_open": 4}},
+        "pause": 2,
+        "weights": [3, 2, 1, 1],
+    },
+    "least loaded, a daily cap, a paused member": {
+        "strategy": "least_loaded",
+        "max_attempts": 4,
+        "leads": 14,
+        "members": {1: {"max_per_day": 5}, 3: {"active": False}},
+    },
+    "auto-pause after one miss": {"strategy": "round_robin", "max_attempts": 5, "leads": 10, "pause": 1},
+    "inactive group": {"strategy": "round_robin", "max_attempts": 3, "leads": 9, "inactive": True},
+}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_a_backlog_escalated_together_ends_exactly_as_one_by_one(api, make_group, settings, name):
+    """The backlog is decided in memory and written in one statement per table: it must leave
+    every lead, assignment, member, the rotation, the audit trail and the outbox exactly as
+    the same escalations run one after the other, each in its own transaction, do."""
+    import random
+
+    from django.db import transaction
+
+    from notifications.models import OutboxMessage
+
+    spec = SCENARIOS[name]
+    rng = random.Random(name)
+    group, reps = make_group(4, slug="burst", sla_minutes="10", strategy=spec["strategy"])
+    group.max_attempts, group.auto_pause_after_misses = spec["max_attempts"], spec.get("pause")
+    group.save(update_fields=["max_attempts", "auto_pause_after_misses"])
+    for i, weight in enumerate(spec.get("weights", [])):
+        Membership.objects.filter(group=group, rep=reps[i]).update(weight=weight)
+    rows = overdue_leads(api, "burst", spec["leads"])
+    # Some leads missed once already (their second attempt is the one now due), one was accepted.
+    for row in rows[: len(rows) // 3]:
+        settings.ESCALATION_BATCH = 1
+        actions.lead_escalate(assignment_id=row.pk)
+    actions.lead_accept(lead_id=rows[-1].lead_id, rep_id=rows[-1].rep_id, actor="test")
+    for i, fields in spec.get("members", {}).items():
+        Membership.objects.filter(group=group, rep=reps[i]).update(**fields)
+    if spec.get("inactive"):
+        type(group).objects.filter(pk=group.pk).update(active=False)
+    due = list(Assignment.objects.filter(ended_at__isnull=True, accepted_at__isnull=True))
+    rng.shuffle(due)  # due in another order than posted
+    past = timezone.now() - timedelta(seconds=30)
+    for i, row in enumerate(due):
+        Assignment.objects.filter(pk=row.pk).update(due_at=past + timedelta(milliseconds=i))
+    order = list(
+        Assignment.objects.filter(ended_at__isnull=True, accepted_at__isnull=True, due_at__lte=timezone.now())
+        .order_by("due_at", "pk")
+        .values_list("pk", flat=True)
+    )
+    assert len(order) >= 6
+    marker = (
+        AuditEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0,
+        OutboxMessage.objects.order_by("-pk").values_list("pk", flat=True).first() or 0,
+    )
+
+    settings.ESCALATION_BATCH = 1
+    with pytest.raises(_Undo), transaction.atomic():
+        outcomes = [actions.lead_escalate(assignment_id=pk).outcome for pk in order]
+        one_by_one = _state_after(marker, group)
+        raise _Undo
+
+    settings.ESCALATION_BATCH = 1000
+    result = actions.lead_escalate(assignment_id=order[0])
+    together = _state_after(marker, group)
+
+    tally: dict[str, int] = {}
+    for outcome in outcomes[1:]:
+        tally[outcome] = tally.get(outcome, 0) + 1
+    assert (result.outcome, result.backlog) == (outcomes[0], tally)
+    assert together == one_by_one
+    assert len(together["events"]) >= len(order)
