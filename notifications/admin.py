@@ -272,7 +272,9 @@ class DeliveryAdmin(admin.ModelAdmin):
 
     @admin.display(description="Payload")
     def payload(self, obj: Delivery) -> str:
-        return format_html("<pre style='white-space:pre-wrap'>{}</pre>", json.dumps(obj.message.payload, indent=2))
+        return format_html(
+            "<pre style='white-space:pre-wrap'>{}</pre>", json.dumps(obj.message.payload, indent=2, ensure_ascii=False)
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

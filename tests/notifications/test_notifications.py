@@ -339,6 +339,18 @@ def test_delivery_log_in_the_admin(admin_client, post_lead, make_group, receiver
     assert detail.status_code == 200
 
 
+def test_a_deliverys_payload_reads_names_as_written(admin_client, post_lead, make_group):
+    """The payload on a delivery's page was dumped as ASCII JSON: a lead from Café Müller read
+    "Caf\\u00e9 M\\u00fcller" to the sales ops and managers reading the delivery log."""
+    make_group(1, slug="emea")
+    post_lead(group="emea", company="Café Müller")
+    services.outbox_dispatch_pending()
+    delivery = Delivery.objects.get(channel="email")
+    html = admin_client.get(f"/admin/notifications/delivery/{delivery.id}/change/").content.decode()
+    assert "&quot;company&quot;: &quot;Café Müller&quot;" in html
+    assert "\\u00e9" not in html
+
+
 def test_escalation_and_manual_assignment_announce_the_new_owner(post_lead, make_group):
     from leads import actions
     from leads.models import Assignment
