@@ -43,6 +43,8 @@ class AuditEventAdmin(admin.ModelAdmin):
     list_filter = ("type", GroupFilter, ("at", admin.DateFieldListFilter))
     search_fields = ("actor", "request_id")  # and a number: a lead or rep id (get_search_results)
     paginator = EstimatedCountPaginator
+    # "Show counts" would count each filter choice over the whole trail, in one full scan.
+    show_facets = admin.ShowFacets.NEVER
     # Newest first, as a trail is read (the model's order, oldest first, serves the API's
     # per-lead history); through the primary key, so no sort of the whole table.
     ordering = ("-id",)

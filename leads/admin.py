@@ -158,6 +158,7 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
     search_fields = ("email", "company", "external_id")
     list_select_related = ("group", "owner")
     paginator = EstimatedCountPaginator
+    show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a scan of every lead
     form = LeadForm
     inlines = [AssignmentInline]
     show_full_result_count = False
@@ -229,6 +230,7 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
     list_filter = ("group",)
     search_fields = ("email", "company")
     list_select_related = ("group",)
+    show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a scan of every lead
     ordering = ("id",)
     readonly_fields = ("email", "company", "group", "queue_reason", "created_at", "requested_group", "manage")
     fields = readonly_fields

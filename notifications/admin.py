@@ -211,6 +211,7 @@ class DeliveryAdmin(admin.ModelAdmin):
     list_select_related = ("message",)
     show_full_result_count = False
     paginator = EstimatedCountPaginator
+    show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a scan of every delivery
     readonly_fields = (
         "message",
         "channel",
@@ -293,6 +294,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     search_fields = ("=lead_id",)
     show_full_result_count = False
     paginator = EstimatedCountPaginator
+    show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a scan of every message
 
     def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> tuple[Any, bool]:
         by_lead = lead_id_search(queryset, search_term, "lead_id")
