@@ -258,7 +258,9 @@ def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupCon
                     continue
                 if active:
                     name = str(spec.get("name") or where)
-                    rules.append(RuleSpec(-(i + 1), name, priority, conditions, spec["group"]))
+                    # Ids rising in the order listed: a priority tie goes to the rule listed
+                    # first, as routing gives it to the rule saved first (the list's order).
+                    rules.append(RuleSpec(i - len(config["rules"]), name, priority, conditions, spec["group"]))
     if errors:
         raise ReplayError({"config": errors})
     return groups, rules

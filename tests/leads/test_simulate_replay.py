@@ -486,6 +486,23 @@ def test_the_rules_as_listed_can_be_proposed_back_and_an_inactive_one_routes_not
     assert result["changed"] == 2
 
 
+def test_proposed_rules_of_one_priority_are_tried_in_the_order_listed(api, make_group):
+    """Routing breaks a priority tie by the rule saved first, the order GET /api/v1/rules/
+    lists them in: the list proposed back ties the same way, so the replay changes nothing."""
+    make_group(1, slug="emea", is_default=True)
+    fr, (f1,) = make_group(1, slug="france")
+    be, (b1,) = make_group(1, slug="benelux")
+    for name, group in (("France", "france"), ("Francophone", "benelux")):
+        rule = {"name": name, "priority": 5, "conditions": [{"field": "country", "op": "in", "value": ["FR"]}]}
+        assert api.post("/api/v1/rules/", {**rule, "group": group}, format="json").status_code == 201
+    assert post(api, country="FR")["group"] == "france"
+    listed = api.get("/api/v1/rules/").json()["results"]
+    assert [r["name"] for r in listed] == ["France", "Francophone"]
+    result = replay(api, config={"rules": listed})
+    assert result["changed"] == 0, result
+    assert counts(result, "france")[0] == {f1.id: (1, 1)}
+
+
 def test_replay_of_the_current_configuration_runs_the_current_rules(api, make_group):
     """A rule added after the window is part of the current configuration: a replay without a
     proposal sends the window's leads where that rule sends them, also when it names a group."""
