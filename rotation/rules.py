@@ -7,6 +7,7 @@ always be evaluated; evaluation never raises.
 
 import math
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -155,11 +156,19 @@ def lead_facts(lead: Mapping[str, Any]) -> dict[str, Any]:
     return facts
 
 
+def _fold(text: str) -> str:
+    """Text without case, an accented letter read alike whether it is one character or a
+    letter and a combining mark (NFC), as the keyboard, the form or the CRM wrote it."""
+    if text.isascii():
+        return text.casefold()
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", text).casefold())
+
+
 def _norm(value: Any) -> Any:
-    """For equals and (not_)in: text without case; a boolean never equal to a number (Python's
+    """For equals and (not_)in: text by `_fold`; a boolean never equal to a number (Python's
     True == 1 would make `seats equals 1` match `"seats": true`)."""
     if isinstance(value, str):
-        return value.casefold()
+        return _fold(value)
     if isinstance(value, bool):
         return (bool, value)
     return value
