@@ -26,6 +26,8 @@ COUNTRY_CODES = frozenset(c.alpha_2 for c in pycountry.countries)
 MAX_ATTRIBUTE_KEY = 64
 # A lead's numbers as intake takes them (SPEC: score 0-100; a size is never negative).
 LEAD_NUMBER_RANGES: dict[str, tuple[int, int | None]] = {"score": (0, 100), "company_size": (0, None)}
+# Text fields intake trims (its serializer's CharFields): a rule value with spaces around equals none.
+TRIMMED_FIELDS = frozenset({"region", "source", "product"})
 
 
 class RuleError(ValueError):
@@ -112,14 +114,19 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
 
 def _never_matches(field: str, op: str, value: Any) -> str | None:
     """Why a well-formed condition could still never hold for any lead (or None): a lead's
-    empty field is an absent one, its country is an ISO code, its email domain has no @, its
-    score (0-100) and size (0 or more) are numbers, its attribute names are short."""
+    empty field is an absent one, its region, source and product are trimmed, its country is an
+    ISO code, its email domain has no @, its score (0-100) and size (0 or more) are numbers, its
+    attribute names are short."""
     if field.startswith("attributes.") and len(field) - len("attributes.") > MAX_ATTRIBUTE_KEY:
         return f"attribute names are at most {MAX_ATTRIBUTE_KEY} characters."
     values = value if op in ("in", "not_in") else [value] if op == "equals" else []
     if op in ("equals", "in") and "" in values:
         # An empty field is an absent one: it equals nothing, not even "".
         return f"an empty value never matches; to match a lead without {field}, use exists with false."
+    if field in TRIMMED_FIELDS and op in ("equals", "in"):
+        bad = [v for v in values if isinstance(v, str) and v != v.strip()]
+        if bad:
+            return f"a lead's {field} is trimmed when it comes in: {bad[0]!r} with spaces around it would never match."
     if field == "country":
         bad = [v for v in values if not isinstance(v, str) or not v.isascii() or v.upper() not in COUNTRY_CODES]
         if bad:

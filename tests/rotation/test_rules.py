@@ -101,6 +101,9 @@ def test_condition_table(field, op, value, holds):
         # An empty field is absent: it equals nothing, not even "" (exists false finds it).
         ([{"field": "region", "op": "equals", "value": ""}], "use exists with false"),
         ([{"field": "attributes.plan", "op": "in", "value": ["pro", ""]}], "empty value never matches"),
+        # Intake trims a lead's region, source and product: a value with spaces around never equals one.
+        ([{"field": "source", "op": "equals", "value": "webinar "}], "'webinar ' with spaces around it"),
+        ([{"field": "region", "op": "in", "value": ["Bayern", "\u00a0Tirol"]}], "with spaces around it"),
         # A lead's score is 0-100 and its company size never negative.
         ([{"field": "score", "op": "gte", "value": 101}], "score is from 0 to 100"),
         ([{"field": "score", "op": "lte", "value": -1}], "score is from 0 to 100"),
@@ -133,6 +136,9 @@ def test_validation_names_the_problem(conditions, message):
         {"field": "score", "op": "lte", "value": 0},
         {"field": "score", "op": "not_in", "value": [0, 200]},  # out of range: holds, harmless
         {"field": "region", "op": "not_in", "value": [""]},  # holds for every lead, harmless
+        {"field": "product", "op": "contains", "value": " pro"},  # a word inside: "Analytics pro"
+        {"field": "source", "op": "not_in", "value": ["ads "]},  # holds for every lead, harmless
+        {"field": "attributes.plan", "op": "equals", "value": " gold"},  # attributes are kept as sent
         {"field": "company_size", "op": "gte", "value": 10**9},
     ],
 )
