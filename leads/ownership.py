@@ -7,7 +7,8 @@ when it is a member of the resolved group and eligible there right now (active, 
 not away, within working hours, under its caps): the group still owns the lead's SLA,
 escalation and caps, so a rep outside the group does not take it. Otherwise the group's
 `owner_match_fallback_to_rotation` decides: route through the rotation (default), or queue the
-lead with the reason, for a manager to give it to the owner.
+lead with the reason, for a manager to give it to the owner. A lead the owner already had (and
+let escalate) is not kept for it: the rotation decides, as the escalation does.
 
 An owner match does not move the rotation (pointer and weights unchanged); it counts toward the
 owner's open leads and today's count like any assignment.
@@ -66,7 +67,7 @@ def owner_decide(
 ) -> routing.Decision:
     """Pure over its inputs: the owner when it may take the lead, else the rotation's decision
     (or none, when the group queues leads whose owner is not eligible)."""
-    facts = list(facts)
+    facts, excluded = list(facts), set(exclude)
     if owner is None:
         return routing.decide(
             strategy=strategy, pointer=pointer, current_weights=current_weights, facts=facts, now=now, exclude=exclude
@@ -74,7 +75,7 @@ def owner_decide(
     mine = next((f for f in facts if f.rep_id == owner.rep_id), None)
     if mine is None:
         ok, why = False, f"not a member of group '{group.slug}'"
-    elif owner.rep_id in set(exclude):
+    elif owner.rep_id in excluded:
         ok, why = False, "already had this lead"
     else:
         ok, why = eligibility(mine, now)
@@ -103,7 +104,9 @@ def owner_decide(
             notes={"account": owner.domain},
         )
     note = {"account": owner.domain, "owner": owner.rep_id, "owner_skipped": why}
-    if not group.owner_match_fallback_to_rotation:
+    # A lead is kept for an owner who may still take it, never for one who had it (and let its
+    # SLA run out): like the escalation, the rotation gives it to someone else.
+    if not group.owner_match_fallback_to_rotation and owner.rep_id not in excluded:
         return routing.Decision(
             rep_id=None,
             rep_name="",

@@ -596,7 +596,9 @@ def _replay_turn(
     if owner is not None:
         if any(c.rep_id == owner and c.eligible for c in candidates):
             return owner
-        if not g.owner_fallback:
+        # As at intake: a lead is never kept for an owner who already had it.
+        had_it = any(c.rep_id == owner and c.reason.startswith("already had this lead") for c in candidates)
+        if not g.owner_fallback and not had_it:
             return None
     pick = strategies.pick(g.strategy, candidates, run.pointer, run.weights)
     if pick.rep_id is not None and pick.rep_id != holding:

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from leads import actions
+from leads import actions, replay
 from leads.models import Assignment, Lead
 from rotation import services
 from rotation.models import Absence, Membership, RotationState
@@ -241,6 +241,34 @@ def test_a_lead_kept_for_its_account_owner_goes_to_the_rotation_once_the_group_f
     assert r.status_code == 200, r.content
     assert actions.queue_drain(group_id=group.id) == 1
     assert Lead.objects.get(pk=kept["id"]).owner_id == reps[0].id
+
+
+@pytest.mark.django_db
+def test_a_lead_its_account_owner_let_escalate_is_drained_to_another_rep(api, make_group):
+    """The owner had the lead and missed its SLA: the escalation looks past the owner (never
+    the same rep again), and so does the drain once another rep is free, also in a group
+    that keeps leads for their owner. The lead is not kept for an owner who had it."""
+    from rotation.models import Account
+
+    group, (a, owner) = make_group(2, slug="emea", sla_minutes="1", owner_match_fallback_to_rotation=False)
+    Account.objects.create(domain="bigco.example", owner=owner)
+    lead = post(api, group="emea", email="cfo@bigco.example")
+    assert lead["owner"]["id"] == owner.id
+    Membership.objects.filter(group=group, rep=a).update(active=False)
+    Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    assignment = Assignment.objects.get(lead_id=lead["id"])
+    assert actions.lead_escalate(assignment_id=assignment.id).outcome == "queued"
+    assert "no eligible rep" in Lead.objects.get(pk=lead["id"]).queue_reason
+    Membership.objects.filter(group=group, rep=a).update(active=True)
+    assert actions.queue_drain(group_id=group.id) == 1
+    stored = Lead.objects.get(pk=lead["id"])
+    assert (stored.status, stored.owner_id) == ("assigned", a.id)
+    event = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.assigned").latest("id")
+    assert event.explanation["owner_match"]["owner_skipped"] == "already had this lead"
+    assert event.explanation["reason"] == "rotation"
+    # A replay of the live configuration takes that turn the same way.
+    replayed = replay.routing_replay(since=timezone.now() - timedelta(hours=1), until=timezone.now())
+    assert replayed["changed"] == 0, replayed
 
 
 @pytest.mark.django_db
