@@ -115,8 +115,8 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
 def _never_matches(field: str, op: str, value: Any) -> str | None:
     """Why a well-formed condition could still never hold for any lead (or None): a lead's
     empty field is an absent one, its region, source and product are trimmed, its country is an
-    ISO code, its email domain has no @, its score (0-100) and size (0 or more) are numbers, its
-    attribute names are short."""
+    ISO code, its email domain has no @ and is never missing, its score (0-100) and size (0 or
+    more) are numbers, its attribute names are short."""
     if field.startswith("attributes.") and len(field) - len("attributes.") > MAX_ATTRIBUTE_KEY:
         return f"attribute names are at most {MAX_ATTRIBUTE_KEY} characters."
     values = value if op in ("in", "not_in") else [value] if op == "equals" else []
@@ -131,6 +131,8 @@ def _never_matches(field: str, op: str, value: Any) -> str | None:
         bad = [v for v in values if not isinstance(v, str) or not v.isascii() or v.upper() not in COUNTRY_CODES]
         if bad:
             return f"country values are ISO 3166 alpha-2 codes (FR, US, ...), not {bad[0]!r}."
+    if field == "email_domain" and op == "exists" and value is False:
+        return "every lead has an email domain (its address is required): exists with false would never match."
     if field == "email_domain":
         # The part after the @ of an address: "@acme.com" or a whole address never equals it.
         texts = [value] if op == "contains" else values

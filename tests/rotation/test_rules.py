@@ -98,6 +98,8 @@ def test_condition_table(field, op, value, holds):
         ([{"field": "email_domain", "op": "equals", "value": "@acme.example"}], "follows the @"),
         ([{"field": "email_domain", "op": "in", "value": ["acme.example", "jo@acme.example"]}], "follows the @"),
         ([{"field": "email_domain", "op": "contains", "value": "@acme"}], "follows the @"),
+        # Every lead has an email address, so an email domain: it never lacks one.
+        ([{"field": "email_domain", "op": "exists", "value": False}], "every lead has an email domain"),
         # An empty field is absent: it equals nothing, not even "" (exists false finds it).
         ([{"field": "region", "op": "equals", "value": ""}], "use exists with false"),
         ([{"field": "attributes.plan", "op": "in", "value": ["pro", ""]}], "empty value never matches"),
@@ -132,6 +134,7 @@ def test_validation_names_the_problem(conditions, message):
         {"field": "region", "op": "equals", "value": "Île-de-France"},
         {"field": "email_domain", "op": "in", "value": ["acme.example", "bücher.example"]},
         {"field": "email_domain", "op": "contains", "value": ".example"},
+        {"field": "email_domain", "op": "exists"},  # holds for every lead, harmless
         {"field": "score", "op": "gte", "value": 100},
         {"field": "score", "op": "lte", "value": 0},
         {"field": "score", "op": "not_in", "value": [0, 200]},  # out of range: holds, harmless
