@@ -36,7 +36,14 @@ def test_production_starts_with_a_secret_key():
 
 
 def _check_with(**settings: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "routing_project.settings.local", **settings}
+    # On PostgreSQL, as production runs: the pool and connection settings are read only there
+    # (`check` opens no connection). The embedded run of the suite has a SQLite DATABASE_URL.
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "routing_project.settings.local",
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/leadrouter",
+        **settings,
+    }
     return subprocess.run(
         [sys.executable, "manage.py", "check"], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
     )
