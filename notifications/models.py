@@ -79,8 +79,8 @@ class WebhookEndpoint(models.Model):
         null=True,
         blank=True,
         editable=False,
-        help_text="It gave no answer at all (timeout, refused): its deliveries wait until then, "
-        "without spending attempts or holding a worker.",
+        help_text="It gave no answer at all (timeout, refused): until then a try of its other deliveries "
+        "is not sent but fails as that one did (no worker held), each due again at its own backoff.",
     )
 
     class Meta:
