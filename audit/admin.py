@@ -68,7 +68,7 @@ class AuditEventAdmin(admin.ModelAdmin):
         """A number is a lead or a rep id, looked up through their indexes: Django's "=lead_id"
         search compares the ids as text, which reads the whole trail (seconds on a large one)."""
         term = search_term.strip()
-        if term.isdigit() and int(term) < 2**63:
+        if term.isascii() and term.isdigit() and int(term) < 2**63:  # "²" is a digit, no number
             return queryset.filter(Q(lead_id=int(term)) | Q(rep_id=int(term))), False
         return super().get_search_results(request, queryset, search_term)
 

@@ -103,7 +103,9 @@ def _run_each(
         # Selected on a page that is now stale: another manager (or a drain) took them meanwhile.
         # Said, rather than silently doing nothing for them.
         present = {lead.pk for lead in leads}
-        for pk in sorted({int(v) for v in request.POST.getlist(ACTION_CHECKBOX_NAME) if v.isdigit()} - present):
+        for pk in sorted(
+            {int(v) for v in request.POST.getlist(ACTION_CHECKBOX_NAME) if v.isascii() and v.isdigit()} - present
+        ):
             failed.append(f"#{pk}: no longer in the queue (someone else acted on it first).")
     for lead in leads:
         try:

@@ -335,7 +335,7 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         # The page's dates and times (its absences) are read and shown in the rep's time zone
         # (as stored: a change of it applies from the next page), rendered inside it.
         zone = "UTC"
-        if object_id is not None and object_id.isdigit():
+        if object_id is not None and object_id.isascii() and object_id.isdigit():
             zone = Rep.objects.filter(pk=int(object_id)).values_list("timezone", flat=True).first() or "UTC"
             if not _absences_have_times_in(ZoneInfo(zone), rep_id=int(object_id)):
                 # An absence set over the API (in UTC) near the year 9999 or 1 has no time in

@@ -120,10 +120,10 @@ class RowsGoneAdminMixin:
             formset = inline.get_formset(request, obj)
             prefix, pk_name = formset.get_default_prefix(), inline.model._meta.pk.name
             initial = request.POST.get(f"{prefix}-INITIAL_FORMS", "")
-            if not initial.isdigit():
+            if not (initial.isascii() and initial.isdigit()):
                 continue  # a broken management form: the formset says so itself
             posted = {request.POST.get(f"{prefix}-{i}-{pk_name}", "") for i in range(min(int(initial), 1000))}
-            ids = {int(v) for v in posted if v.isdigit() and len(v) < 19}
+            ids = {int(v) for v in posted if v.isascii() and v.isdigit() and len(v) < 19}
             found = inline.model._default_manager.filter(**{formset.fk.name: obj, "pk__in": ids}).count()
             if found < len(ids):
                 names = (

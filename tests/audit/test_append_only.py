@@ -101,3 +101,12 @@ def test_no_role_may_change_or_delete_audit_events():
         assert "view_auditevent" in perms
         assert not perms & {"add_auditevent", "change_auditevent", "delete_auditevent"}
     assert Permission.objects.filter(codename="change_auditevent").exists()
+
+
+def test_a_digit_that_is_no_number_in_the_search_or_the_address_is_no_500(client, superuser, event):
+    """'²' and '①' are digits to str.isdigit() but no number to int(): searching the trail for
+    one, or a rep page at such an address, is an ordinary search and a 'not found'."""
+    r = client.get("/admin/audit/auditevent/", {"q": "²"})
+    assert r.status_code == 200 and r.context["cl"].result_count == 0
+    assert client.get("/admin/rotation/rep/²/change/", follow=True).status_code in (200, 404)
+    assert client.get("/admin/rotation/rep/①/change/", follow=True).status_code in (200, 404)
