@@ -101,11 +101,14 @@ def started(target, errors: list[BaseException]) -> threading.Thread:
     return thread
 
 
-def wait_for_lock_waiters(n: int = 1) -> None:
+def wait_for_lock_waiters(n: int = 1, errors: list[BaseException] | None = None) -> None:
+    """Returns once `n` transactions wait on a lock; else fails with what the threads raised."""
     deadline = time.monotonic() + 10
     while waiting_on_locks() < n and time.monotonic() < deadline:
+        if errors:
+            break
         time.sleep(0.02)
-    assert waiting_on_locks() >= n
+    assert waiting_on_locks() >= n, errors
 
 
 def holding(lock, locked: threading.Event, release: threading.Event):
@@ -161,10 +164,10 @@ def test_reassign_of_a_lead_moved_meanwhile_starts_over_in_lock_order(api, make_
     assert moved.wait(10) and blocked.wait(10)
     worker = started(lambda: actions.lead_reassign(lead_id=lead_id, rep_id=target, reason="r", actor="test"), errors)
     try:
-        wait_for_lock_waiters()  # the reassign holds the old group's rotation row and waits on the lead
+        wait_for_lock_waiters(errors=errors)  # the reassign holds the old group's rotation row, waits on the lead
         commit_move.set()
         mover.join(10)
-        wait_for_lock_waiters()  # now it waits on the new group's rotation row...
+        wait_for_lock_waiters(errors=errors)  # now it waits on the new group's rotation row...
         assert not _lead_row_locked(lead_id), "the reassign holds the lead's row while waiting on a rotation row"
     finally:
         commit_move.set()
