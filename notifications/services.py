@@ -711,7 +711,15 @@ def webhook_post(url: str, body: bytes, headers: dict[str, str], *, timeout: flo
     timer = threading.Timer(timeout, cut)
     timer.daemon = True
     timer.start()
+    deadline = time.monotonic() + timeout
     try:
+        # The name's lookup counts against the same deadline: getaddrinfo has no timeout of its
+        # own, and a resolver that does not answer would hold the worker past it. The socket
+        # then connects to the addresses found; TLS still checks the certificate by name.
+        addresses = _resolved(parts.hostname, port or conn.default_port, deadline)
+        conn._create_connection = lambda address, timeout=None, source_address=None: _connected(  # type: ignore[attr-defined]
+            addresses, address[1], timeout, source_address
+        )
         conn.connect()
         if expired.is_set():  # the connect took the whole time
             raise TimeoutError("timed out")
@@ -731,6 +739,39 @@ def webhook_post(url: str, body: bytes, headers: dict[str, str], *, timeout: flo
     finally:
         timer.cancel()
         conn.close()
+
+
+def _resolved(host: str, port: int, deadline: float) -> list[str]:
+    """The host's addresses, or DeliveryError once `deadline` (time.monotonic()) passes. The
+    lookup runs in a daemon thread, left behind if the resolver never answers."""
+    found: list[Any] = []
+
+    def lookup() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:  # socket.gaierror: no such name
+            found.append(exc)
+
+    thread = threading.Thread(target=lookup, daemon=True, name="webhook-dns")
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if not found:
+        raise DeliveryError(f"the host name {host!r} did not resolve in time")
+    if isinstance(found[0], OSError):
+        raise DeliveryError(f"{type(found[0]).__name__}: {found[0]}")
+    return list(dict.fromkeys(info[4][0] for info in found[0]))
+
+
+def _connected(addresses: list[str], port: int, timeout: float | None, source: Any) -> socket.socket:
+    """The first of `addresses` that accepts a connection, as socket.create_connection tries
+    a name's addresses in turn (an IP address needs no lookup)."""
+    error: OSError | None = None
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), timeout, source)
+        except OSError as exc:
+            error = exc
+    raise error or OSError("no address to connect to")
 
 
 def email_content(d: Delivery) -> tuple[str, str]:

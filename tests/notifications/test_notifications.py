@@ -1011,6 +1011,38 @@ def test_an_endpoint_url_that_cannot_be_posted_to_is_a_failed_attempt_not_a_cras
     assert caught.value.status_code is None
 
 
+def test_a_host_name_that_does_not_resolve_in_time_is_a_failed_attempt_within_the_timeout(monkeypatch):
+    """getaddrinfo has no timeout of its own: a resolver that does not answer held the worker
+    past NOTIFY_WEBHOOK_TIMEOUT_S. The lookup now counts against the same deadline. (No DNS
+    here: the resolver's silence is played by a lookup that sleeps.)"""
+    lookup = socket.getaddrinfo
+    released = threading.Event()
+
+    def silent_resolver(host, *args, **kwargs):
+        if host == "crm.example":
+            released.wait(10)
+            raise socket.gaierror("released")
+        return lookup(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", silent_resolver)
+    started = time.monotonic()
+    try:
+        with pytest.raises(services.DeliveryError) as caught:
+            services.webhook_post("https://crm.example/hook", b"{}", {}, timeout=0.5)
+        assert time.monotonic() - started < 2
+        assert "did not resolve in time" in str(caught.value) and caught.value.status_code is None
+    finally:
+        released.set()
+
+
+def test_a_webhook_to_a_host_name_reaches_its_receiver(receiver):
+    """The lookup is the deliverer's own now: a name (here localhost's) still gets its POST."""
+    url = receiver.url.replace("127.0.0.1", "localhost")
+    assert url != receiver.url
+    assert services.webhook_post(url, b"{}", {"Content-Type": "application/json"}, timeout=2)[0] == 200
+    assert len(receiver.requests) == 1
+
+
 def test_a_webhook_is_posted_to_an_ipv6_receiver_with_its_query():
     class V6Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6
