@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from rotation.models import Group, Membership
+from rotation.strategies import turn_weight
 
 from .models import Assignment, Lead, LeadStatus
 
@@ -54,7 +55,7 @@ class RepRow:
     breaches: int = 0
     median_accept_s: float | None = None
     share: float = 0.0  # of the group's assignments in the window
-    weight_share: float = 0.0  # of the weights of the members taking part (active, or given leads)
+    target_share: float = 0.0  # fair share of turns among the members taking part (active, or given leads)
     rep_active: bool = True  # else the rep takes no leads anywhere (`active` False: paused here, or this)
 
     @property
@@ -67,8 +68,8 @@ class RepRow:
         return round(100 * self.share, 1)
 
     @property
-    def weight_share_pct(self) -> float:
-        return round(100 * self.weight_share, 1)
+    def target_share_pct(self) -> float:
+        return round(100 * self.target_share, 1)
 
 
 @dataclass
@@ -143,12 +144,15 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
 
     for panel in panels.values():
         # The members that took part in the period: active now, or given leads in it (a rep
-        # paused since keeps its share of the weights; one away all along has none).
+        # paused since keeps its fair share; one away all along has none). The fair share is
+        # the weight's share in a weighted group, an equal one in the others: a round robin
+        # gives a rep of weight 2 no more turns, and the chart must not show it short-changed.
         taking_part = [r for r in panel.reps if r.active or r.assigned]
-        weights = sum(r.weight for r in taking_part)
+        weights = sum(turn_weight(panel.strategy, r.weight) for r in taking_part)
         for r in panel.reps:
             r.share = r.assigned / panel.assigned if panel.assigned else 0.0
-            r.weight_share = r.weight / weights if weights and (r.active or r.assigned) else 0.0
+            taking = weights and (r.active or r.assigned)
+            r.target_share = turn_weight(panel.strategy, r.weight) / weights if taking else 0.0
 
     _queue_depth(by_slug, since, until, now)
     return list(panels.values())
@@ -271,7 +275,7 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
 
 
 def share_chart(panel: GroupPanel, *, width: int = 520, bar: int = 10) -> dict[str, Any]:
-    """Paired horizontal bars per rep: actual share of assignments vs. weight share."""
+    """Paired horizontal bars per rep: actual share of assignments vs. fair share."""
     label_w, gap = 150, 8
     # Right of the longer bar, its figures: room for the widest, "100.0% / 100.0%" (about 95 px
     # at 11 px), so that a full share is not cut off at the chart's edge.
@@ -286,11 +290,11 @@ def share_chart(panel: GroupPanel, *, width: int = 520, bar: int = 10) -> dict[s
                 "y": y,
                 "label_y": y + bar + 3,
                 "actual_w": round(plot_w * r.share, 1),
-                "weight_w": round(plot_w * r.weight_share, 1),
-                "weight_y": y + bar,
+                "target_w": round(plot_w * r.target_share, 1),
+                "target_y": y + bar,
                 "actual_pct": r.share_pct,
-                "weight_pct": r.weight_share_pct,
-                "text_x": label_w + round(plot_w * max(r.share, r.weight_share), 1) + 4,
+                "target_pct": r.target_share_pct,
+                "text_x": label_w + round(plot_w * max(r.share, r.target_share), 1) + 4,
             }
         )
     height = 20 + len(rows) * (2 * bar + gap)

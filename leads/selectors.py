@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from rotation.eligibility import MemberFacts, eligibility
 from rotation.models import Absence, Group, RotationState
+from rotation.strategies import turn_weight
 
 from . import routing
 from .models import Assignment
@@ -18,7 +19,9 @@ from .models import Assignment
 
 def rotation_view(*, group: Group) -> dict[str, Any]:
     """Pointer, who is next, and each member's eligibility right now, with counts today and
-    this week against the member's weight share. Read without the lock: a snapshot."""
+    this week against the member's fair share of turns (`share`: its weight's share of the
+    active members' in a weighted group, an equal share in the others, whose rotation gives
+    weights no say). Read without the lock: a snapshot."""
     now = timezone.now()
     state = RotationState.objects.filter(group=group).first() or RotationState(group=group)
     facts = routing.member_facts(group, now, with_counts=True)
@@ -36,7 +39,7 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
         .values_list("rep_id", "n")
     )
     facts = _back_when(facts, now)
-    active_weight = sum(f.weight for f in facts if f.member_active and f.rep_active) or 1
+    active_weight = sum(turn_weight(group.strategy, f.weight) for f in facts if f.member_active and f.rep_active) or 1
     week_total = sum(week.values())
     members = []
     next_rep = None
@@ -61,7 +64,11 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
                 "open": f.open,
                 "assigned_today": f.assigned_today,
                 "assigned_week": week.get(f.rep_id, 0),
-                "share": round(f.weight / active_weight, 4) if f.member_active and f.rep_active else 0.0,
+                "share": (
+                    round(turn_weight(group.strategy, f.weight) / active_weight, 4)
+                    if f.member_active and f.rep_active
+                    else 0.0
+                ),
                 "share_week": round(week.get(f.rep_id, 0) / week_total, 4) if week_total else None,
             }
         )

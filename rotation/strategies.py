@@ -267,6 +267,13 @@ def least_loaded(candidates: Sequence[Candidate], pointer: int) -> Pick:
     return Pick(best.rep_id, best.position + 1)
 
 
+def turn_weight(strategy: str, weight: int) -> int:
+    """What a member's weight counts for in its share of turns: itself in a weighted group;
+    nothing elsewhere (round robin gives each member one turn per round, least loaded goes by
+    open leads), so each member counts 1 and the fair share is an equal one."""
+    return weight if strategy == "weighted" else 1
+
+
 def pick(strategy: str, candidates: Sequence[Candidate], pointer: int, current: Mapping[str, int]) -> Pick:
     if strategy == "weighted":
         return weighted(candidates, pointer, current)

@@ -298,8 +298,13 @@ class RotationMemberSerializer(serializers.Serializer):
     open = serializers.IntegerField()
     assigned_today = serializers.IntegerField()
     assigned_week = serializers.IntegerField()
-    share = serializers.FloatField()
-    share_week = serializers.FloatField(allow_null=True)
+    share = serializers.FloatField(
+        help_text="The member's fair share of turns among the active members: its weight's share in a "
+        "weighted group, an equal share in the others (their rotation gives weights no say); 0 while inactive.",
+    )
+    share_week = serializers.FloatField(
+        allow_null=True, help_text="Its share of the group's assignments this week; null when there were none."
+    )
 
 
 class RotationViewSerializer(serializers.Serializer):

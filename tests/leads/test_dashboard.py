@@ -39,8 +39,9 @@ def test_shares_speed_breaches_and_queue(make_group, post_lead):
     assert (p.assigned, p.accepted, p.breaches) == (8, 3, 2)
     assert p.median_accept_s == pytest.approx(120)
     assert p.median_accept == "2 min" and panels["empty"].median_accept == "-"
-    shares = {r.rep_id: (r.assigned, round(r.share, 3), round(r.weight_share, 3)) for r in p.reps}
-    assert shares == {reps[0].id: (3, 0.375, 0.5), reps[1].id: (3, 0.375, 0.25), reps[2].id: (2, 0.25, 0.25)}
+    # A round robin gives the rep of weight 2 no more turns: its fair share is a third, as the others'.
+    shares = {r.rep_id: (r.assigned, round(r.share, 3), round(r.target_share, 3)) for r in p.reps}
+    assert shares == {reps[0].id: (3, 0.375, 0.333), reps[1].id: (3, 0.375, 0.333), reps[2].id: (2, 0.25, 0.333)}
     assert panels["empty"].queue_now == 3 and panels["empty"].queue_max == 3
     assert panels["empty"].queue_points[-1][1] == 3 and panels["emea"].queue_max == 0
 
@@ -191,7 +192,7 @@ def test_a_queued_lead_rerouted_and_queued_again_counts_once_and_a_short_queue_s
     assert panel.queue_now == 0 and panel.queue_max == 3
 
 
-def test_a_rep_paused_after_its_leads_keeps_its_weight_share(make_group, post_lead):
+def test_a_rep_paused_after_its_leads_keeps_its_fair_share(make_group, post_lead):
     group, (a, b) = make_group(2, slug="emea", strategy="weighted")
     for _ in range(4):
         post_lead(group="emea")
@@ -200,7 +201,32 @@ def test_a_rep_paused_after_its_leads_keeps_its_weight_share(make_group, post_le
     (panel,) = [
         p for p in dashboard_view(since=now - timedelta(days=1), until=now + timedelta(minutes=1)) if p.slug == "emea"
     ]
-    assert {r.rep_id: (r.share, r.weight_share) for r in panel.reps} == {a.id: (0.5, 0.5), b.id: (0.5, 0.5)}
+    assert {r.rep_id: (r.share, r.target_share) for r in panel.reps} == {a.id: (0.5, 0.5), b.id: (0.5, 0.5)}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "fair", "caption"),
+    [
+        ("weighted", {0: "50.0%", 1: "25.0%"}, "the weights'"),
+        ("round_robin", {0: "33.3%", 1: "33.3%"}, "equal turns"),
+        ("least_loaded", {0: "33.3%", 1: "33.3%"}, "equal turns"),
+    ],
+)
+def test_the_fair_share_counts_weights_only_where_the_rotation_does(
+    admin_client, make_group, post_lead, strategy, fair, caption
+):
+    """Weight 2 of 4 is half the turns of a weighted group, and a third of a round robin's
+    (it gives each member one turn a round, whatever its weight): the chart and the table
+    compare each rep with what its group's rotation gives it."""
+    group, reps = make_group(3, slug="emea", strategy=strategy)
+    Membership.objects.filter(group=group, rep=reps[0]).update(weight=2)
+    for _ in range(6):
+        post_lead(group="emea")
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert caption in html
+    for i, pct in fair.items():
+        assert f"{reps[i].name}: fair share {pct}</title>" in html
+    assert "<th>Fair share</th>" in html
 
 
 def test_a_group_filter_naming_no_group_says_so(admin_client, make_group):
