@@ -85,7 +85,7 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
     names = {**{c["rep"]: c["name"] for c in candidates if c.get("rep") is not None and c.get("name")}, **names}
     where = f"group {e.get('group')} ({e.get('strategy')})" if e.get("group") else "no group"
     if e.get("rule"):
-        rule = f"rule “{e['rule']}” matched, {where}"
+        rule = f"rule “{e['rule']}” matched{_matched_on(e.get('matched_on'))}, {where}"
     elif e.get("group") and e.get("group_source") in _GROUP_SOURCES:
         rule = f"no rule matched, {where} as {_GROUP_SOURCES[e['group_source']]}"
     else:
@@ -197,6 +197,26 @@ def _client_summary(e: Mapping[str, Any]) -> str:
     elif isinstance(e.get("fields"), list):
         details.append(f"fields {', '.join(str(f) for f in e['fields'])}")
     return text + (f" ({'; '.join(details)})" if details else "") + "."
+
+
+_OPS = {"equals": "=", "in": "in", "not_in": "not in", "contains": "contains", "gte": "≥", "lte": "≤"}
+
+
+def _matched_on(conditions: Any) -> str:
+    """ " (country "FR" in ["FR","BE"]; score 80 ≥ 50)": each condition with the lead's value."""
+    if not isinstance(conditions, list) or not conditions:
+        return ""
+    parts = []
+    for c in conditions:
+        if not isinstance(c, Mapping):
+            continue
+        field = str(c.get("field"))
+        if c.get("op") == "exists":
+            parts.append(f"{field} {'present' if c.get('value', True) is not False else 'absent'}")
+        else:
+            op = _OPS.get(str(c.get("op")), str(c.get("op")))
+            parts.append(f"{field} {_value(c.get('lead'))} {op} {_value(c.get('value'))}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _value(value: Any) -> str:

@@ -119,10 +119,12 @@ class _Row:
     rules_tried: list[str]
     group_source: str  # "rule", "requested", "default" or "none"
     email_normalized: str
+    matched_on: list[dict[str, Any]] = field(default_factory=list)
 
     def explanation(self) -> dict[str, Any]:
         """The same keys as intake's (`services.Resolution.explanation`)."""
-        return Resolution(None, self.rule, self.rules_tried, self.group_source).explanation()
+        resolution = Resolution(None, self.rule, self.rules_tried, self.group_source, matched_on=self.matched_on)
+        return resolution.explanation()
 
 
 class _RowValidator:
@@ -521,7 +523,8 @@ def _validate(
     email = normalize_email(data["email"])
     if match.rule is not None:
         slug = match.rule.group_slug if match.rule.group_slug in groups else None
-        return _Row(line, data, raw, requested_slug, slug, match.rule.name, match.tried, "rule", email)
+        rule, tried = match.rule.name, match.tried
+        return _Row(line, data, raw, requested_slug, slug, rule, tried, "rule", email, match.matched_on)
     if requested is not None:
         return _Row(line, data, raw, requested_slug, requested.slug, None, match.tried, "requested", email)
     default = next((g.slug for g in groups.values() if g.is_default), None)

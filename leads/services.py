@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -58,9 +58,13 @@ class Resolution:
     rules_tried: list[str]
     source: str  # "rule", "requested", "default" or "none"
     owner: ownership.OwnerHint | None = None  # the account owner by email domain (leads/ownership.py)
+    matched_on: list[dict[str, Any]] = field(default_factory=list)  # the rule's conditions (rules.matched_on)
 
     def explanation(self) -> dict[str, Any]:
-        return {"rule": self.rule, "rules_tried": self.rules_tried, "group_source": self.source}
+        explained: dict[str, Any] = {"rule": self.rule, "rules_tried": self.rules_tried, "group_source": self.source}
+        if self.rule is not None:
+            explained["matched_on"] = self.matched_on
+        return explained
 
 
 @dataclass
@@ -128,7 +132,7 @@ def _resolve_group(*, data: dict[str, Any], requested: Group | None) -> Resoluti
     match = match_rules(active_rules(), lead_facts(data))
     if match.rule is not None:
         group = group_by_slug(match.rule.group_slug)
-        return Resolution(group, match.rule.name, match.tried, "rule")
+        return Resolution(group, match.rule.name, match.tried, "rule", matched_on=match.matched_on)
     if requested is not None:
         return Resolution(requested, None, match.tried, "requested")
     default = group_default()

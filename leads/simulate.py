@@ -27,6 +27,7 @@ def routing_simulate(*, data: dict[str, Any], requested: Group | None) -> dict[s
     result: dict[str, Any] = {
         "rule": resolution.rule,
         "rules_tried": resolution.rules_tried,
+        "matched_on": resolution.matched_on if resolution.rule is not None else None,
         "group_source": resolution.source,
         "group": group.slug if group else None,
         "strategy": group.strategy if group else None,

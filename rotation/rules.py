@@ -9,7 +9,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pycountry
@@ -267,6 +267,9 @@ class RuleSpec:
 class RuleMatch:
     rule: RuleSpec | None
     tried: list[str]
+    # The matched rule's conditions as they were, each with the lead's value it held for: the
+    # audit trail explains the decision on its own, after the rule is edited or deleted.
+    matched_on: list[dict[str, Any]] = field(default_factory=list)
 
 
 def match_rules(rules: Iterable[RuleSpec], facts: Mapping[str, Any]) -> RuleMatch:
@@ -275,5 +278,13 @@ def match_rules(rules: Iterable[RuleSpec], facts: Mapping[str, Any]) -> RuleMatc
     for rule in sorted(rules, key=lambda r: (r.priority, r.id)):
         tried.append(rule.name)
         if all(condition_holds(c, facts) for c in rule.conditions):
-            return RuleMatch(rule, tried)
+            return RuleMatch(rule, tried, matched_on(rule, facts))
     return RuleMatch(None, tried)
+
+
+def matched_on(rule: RuleSpec, facts: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`[{"field", "op", "value", "lead"}]`: each condition and what the lead had there."""
+    return [
+        {"field": c["field"], "op": c["op"], "value": c.get("value"), "lead": facts.get(c["field"])}
+        for c in rule.conditions
+    ]

@@ -29,9 +29,21 @@ class SimulateCandidateSerializer(serializers.Serializer):
     reason = serializers.CharField()
 
 
+class RuleConditionMatchSerializer(serializers.Serializer):
+    field = serializers.CharField()
+    op = serializers.CharField()
+    value = serializers.JSONField(allow_null=True)
+    lead = serializers.JSONField(allow_null=True, help_text="The lead's value of the field.")
+
+
 class SimulateSerializer(serializers.Serializer):
     rule = serializers.CharField(allow_null=True)
     rules_tried = serializers.ListField(child=serializers.CharField())
+    matched_on = RuleConditionMatchSerializer(
+        many=True,
+        allow_null=True,
+        help_text="The matched rule's conditions, each with the lead's value it held for; null when no rule matched.",
+    )
     group_source = serializers.CharField()
     group = serializers.CharField(allow_null=True)
     strategy = serializers.ChoiceField(choices=Strategy.choices, allow_null=True)

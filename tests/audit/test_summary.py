@@ -160,7 +160,7 @@ def test_a_reroute_says_where_the_lead_was_before(api, make_group):
     assert event.explanation["from_group"] == "smb" and event.explanation["group"] == "emea"
     text = summary(event)
     assert text.startswith(f"Rerouted from {first.name} (#{first.id}) in group smb (was assigned). Given to "), text
-    assert "rule “France” matched, group emea" in text, text
+    assert 'rule “France” matched (country "FR" = "FR"), group emea' in text, text
 
 
 def test_a_rep_out_of_office_is_said_back_at_a_time_to_the_minute(api, make_group):
@@ -179,3 +179,41 @@ def test_a_rep_out_of_office_is_said_back_at_a_time_to_the_minute(api, make_grou
     text = summary(AuditEvent.objects.get(lead_id=lead["id"], type="lead.reassigned"))
     assert f"(out of office until {back.year}-01-05 08:30 UTC)" in text, text
     assert back.isoformat() not in text
+
+
+def test_a_rule_match_is_explained_by_its_conditions_as_they_were(api, make_group):
+    """Why this group: each condition of the rule and what the lead had there, kept in the
+    event, so the trail still explains the lead after the rule is edited."""
+    emea, _ = make_group(1, slug="emea")
+    rule = RoutingRule.objects.create(
+        name="EMEA enterprise",
+        priority=1,
+        conditions=[
+            {"field": "country", "op": "in", "value": ["FR", "BE"]},
+            {"field": "score", "op": "gte", "value": 50},
+            {"field": "attributes.plan", "op": "exists", "value": True},
+        ],
+        group=emea,
+    )
+    lead = post(api, country="BE", score=80, attributes={"plan": "pro"})
+    event = AuditEvent.objects.get(lead_id=lead["id"], type="lead.assigned")
+    assert event.explanation["matched_on"] == [
+        {"field": "country", "op": "in", "value": ["FR", "BE"], "lead": "BE"},
+        {"field": "score", "op": "gte", "value": 50, "lead": 80},
+        {"field": "attributes.plan", "op": "exists", "value": True, "lead": "pro"},
+    ]
+    expected = 'rule “EMEA enterprise” matched (country "BE" in ["FR", "BE"]; score 80 ≥ 50; attributes.plan present)'
+    assert expected in summary(event), summary(event)
+
+    rule.conditions = [{"field": "country", "op": "equals", "value": "DE"}]
+    rule.save()
+    event.refresh_from_db()
+    assert expected in summary(event)
+
+
+def test_a_lead_no_rule_took_carries_no_conditions(api, make_group):
+    make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    event = AuditEvent.objects.get(lead_id=lead["id"], type="lead.assigned")
+    assert "matched_on" not in event.explanation
+    assert "no rule matched, group emea (round_robin) as the group the lead asked for" in summary(event)

@@ -199,6 +199,26 @@ def test_rotation_across_batches_is_exact_and_explained_like_intake(make_group, 
     assert api_lead["owner"]["id"] == ids[1]
 
 
+def test_a_rule_match_is_explained_by_its_conditions_as_intake_explains_it(make_group, post_lead, api):
+    emea, _ = make_group(2, slug="emea")
+    RoutingRule.objects.create(
+        name="France", priority=1, conditions=[{"field": "country", "op": "in", "value": ["FR"]}], group=emea
+    )
+    run(csv_of("r-1,imported@customer.example,Jane,Acme,fr,40,,spring"))
+    posted = post_lead(country="FR", score=40).json()
+    imported = Lead.objects.get(external_id="r-1")
+    bulk_ex = AuditEvent.objects.get(lead_id=imported.id, type="lead.assigned").explanation
+    api_ex = AuditEvent.objects.get(lead_id=posted["id"], type="lead.assigned").explanation
+    assert bulk_ex["rule"] == api_ex["rule"] == "France"
+    assert (
+        bulk_ex["matched_on"]
+        == api_ex["matched_on"]
+        == [{"field": "country", "op": "in", "value": ["FR"], "lead": "FR"}]
+    )
+    simulated = api.post("/api/v1/routing/simulate/", {"email": "s@customer.example", "country": "FR"}, format="json")
+    assert simulated.status_code == 200 and simulated.json()["matched_on"] == api_ex["matched_on"]
+
+
 def test_rerun_imports_nothing_new(make_group):
     make_group(2, slug="emea")
     first = run(csv_of(*good_rows(5)), batch_size=2, parallel=True)
