@@ -107,6 +107,18 @@ def test_the_queue_finds_a_whole_email_address_among_queued_leads_only(api, make
     assert not [q for q in queries if "LIKE" in q.upper()]
 
 
+def test_the_queue_counts_its_leads_in_words(api, make_group, manager):
+    """ "3 queued leads" under the list, not the page's name after a number ("3 fallback queue")."""
+    group, _ = make_group(2, slug="emea")
+    group.memberships.update(active=False)
+    post_leads(api, "emea", "a@one.example")
+    html = manager.get("/admin/leads/queuedlead/").content.decode()
+    assert re.search(r"\b1 queued lead\b(?!s)", html) and "fallback queue\n" not in html.split('class="paginator"')[1]
+    post_leads(api, "emea", "b@one.example", "c@one.example")
+    paginator = manager.get("/admin/leads/queuedlead/").content.decode().split('class="paginator"')[1]
+    assert "3 queued leads" in paginator and "fallback queue" not in paginator.split("</p>")[0]
+
+
 @pytest.mark.postgres
 def test_a_large_list_says_about_how_many_from_the_planner_and_counts_a_small_one(
     api, make_group, manager, monkeypatch

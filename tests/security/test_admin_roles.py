@@ -86,6 +86,22 @@ def lead(api, make_group):
     return Lead.objects.get(pk=body["id"])
 
 
+@pytest.mark.parametrize(
+    ("role", "links"),
+    [
+        (None, []),
+        ("Auditors", ["Routing dashboard"]),
+        ("Managers", ["Routing dashboard"]),
+        ("Sales ops", ["Routing dashboard", "Import leads (CSV)"]),
+    ],
+)
+def test_the_operations_box_shows_what_the_role_may_open_and_nothing_when_nothing(role, links):
+    html = staff(role).get("/admin/").content.decode()
+    assert ('id="ops-links"' in html) is bool(links)
+    for name in ["Routing dashboard", "Import leads (CSV)"]:
+        assert (f">{name}</a>" in html) is (name in links), (role, name)
+
+
 def test_the_migration_created_the_three_roles():
     perms = {
         g.name: set(g.permissions.values_list("content_type__app_label", "codename"))
