@@ -111,6 +111,26 @@ def wait_for_lock_waiters(n: int = 1, errors: list[BaseException] | None = None)
     assert waiting_on_locks() >= n, errors
 
 
+def wait_for_a_waiter_on(blocker_pid: int, errors: list[BaseException]) -> None:
+    """Returns once a transaction waits on a lock that the backend `blocker_pid` holds. Not
+    any lock wait: the one a thread is still leaving (its lock just released) may linger in
+    `pg_stat_activity` for a moment, and a test would read the next step's state too soon."""
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database() AND %s = ANY(pg_blocking_pids(pid))"
+    )
+
+    def waiters() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [blocker_pid])
+            return cursor.fetchone()[0]
+
+    deadline = time.monotonic() + 10
+    while waiters() < 1 and time.monotonic() < deadline and not errors:
+        time.sleep(0.02)
+    assert waiters() >= 1, errors
+
+
 def holding(lock, locked: threading.Event, release: threading.Event):
     """A transaction that takes `lock` (a callable), says so, and commits when released."""
 
@@ -156,8 +176,13 @@ def test_reassign_of_a_lead_moved_meanwhile_starts_over_in_lock_order(api, make_
         Lead.objects.select_for_update().get(pk=lead_id)
         Lead.objects.filter(pk=lead_id).update(group_id=g2.id)
 
+    blocker_pid: list[int] = []
+
     def block() -> None:  # someone routing in the new group, holding its rotation row
         RotationState.objects.select_for_update(no_key=True).get(group_id=g2.id)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            blocker_pid.append(cursor.fetchone()[0])
 
     mover = started(holding(move, moved, commit_move), errors)
     blocker = started(holding(block, blocked, release_block), errors)
@@ -167,7 +192,7 @@ def test_reassign_of_a_lead_moved_meanwhile_starts_over_in_lock_order(api, make_
         wait_for_lock_waiters(errors=errors)  # the reassign holds the old group's rotation row, waits on the lead
         commit_move.set()
         mover.join(10)
-        wait_for_lock_waiters(errors=errors)  # now it waits on the new group's rotation row...
+        wait_for_a_waiter_on(blocker_pid[0], errors)  # now it waits on the new group's rotation row...
         assert not _lead_row_locked(lead_id), "the reassign holds the lead's row while waiting on a rotation row"
     finally:
         commit_move.set()
