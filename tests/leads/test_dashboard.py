@@ -207,7 +207,7 @@ def test_a_rep_paused_after_its_leads_keeps_its_fair_share(make_group, post_lead
 @pytest.mark.parametrize(
     ("strategy", "fair", "caption"),
     [
-        ("weighted", {0: "50.0%", 1: "25.0%"}, "the weights'"),
+        ("weighted", {0: "50.0%", 1: "25.0%"}, "fair share (by weight)"),
         ("round_robin", {0: "33.3%", 1: "33.3%"}, "equal turns"),
         ("least_loaded", {0: "33.3%", 1: "33.3%"}, "equal turns"),
     ],

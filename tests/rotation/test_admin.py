@@ -1,5 +1,7 @@
 """The admin for sales ops and managers: pages, audited changes, no N+1 queries."""
 
+import re
+
 import pytest
 from django.db import connection
 from django.db.models import Max
@@ -724,3 +726,16 @@ def test_group_page_of_a_rep_away_until_the_last_year_there_is(staff, make_group
     page = staff.get(f"/admin/rotation/group/{group.pk}/change/")
     assert page.status_code == 200
     assert "no: out of office until 9999-12-31 23:00 (UTC)" in page.content.decode()
+
+
+def test_the_trail_puts_its_sentence_beside_the_type_and_keeps_it_readable(staff, api, make_group):
+    """On a laptop's width, beside the menu and the filters, the columns after the first few
+    are scrolled to: "What happened" comes right after the type, and holds a measure wide
+    enough to read (else the other columns squeezed it to a word a line)."""
+    make_group(2, slug="emea")
+    api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    html = staff.get("/admin/audit/auditevent/").content.decode()
+    headers = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
+    assert headers[headers.index("type") + 1] == "summary", headers
+    assert headers[-1] == "actor", headers
+    assert "td.field-summary { min-width:" in html
