@@ -88,7 +88,7 @@ class Lead(models.Model):
     assigned_at = models.DateTimeField(null=True, blank=True)
     accepted_at = models.DateTimeField(null=True, blank=True)
     closed_at = models.DateTimeField(null=True, blank=True)
-    sla_due_at = models.DateTimeField(null=True, blank=True)
+    sla_due_at = models.DateTimeField("SLA due at", null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -167,7 +167,7 @@ class Assignment(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.lead_id} -> {self.rep_id} (#{self.attempt})"
+        return f"Lead #{self.lead_id}, attempt {self.attempt}"
 
 
 class IdempotencyRecord(models.Model):

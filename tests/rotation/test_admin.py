@@ -79,7 +79,11 @@ def test_group_page_shows_the_week_share_as_it_shows_the_weight_share(staff, api
 def test_lead_and_event_pages(staff, api, make_group):
     make_group(2, slug="emea")
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
-    assert staff.get(f"/admin/leads/lead/{lead_id}/change/").status_code == 200
+    lead_page = staff.get(f"/admin/leads/lead/{lead_id}/change/")
+    assert lead_page.status_code == 200
+    # Labels as a manager reads them: "SLA due at", and each assignment row by its attempt.
+    assert "SLA due at" in lead_page.content.decode() and "Sla due" not in lead_page.content.decode()
+    assert f"Lead #{lead_id}, attempt 1" in lead_page.content.decode()
     event = AuditEvent.objects.get(type="lead.assigned", lead_id=lead_id)
     page = staff.get(f"/admin/audit/auditevent/{event.pk}/change/")
     assert page.status_code == 200 and b"pointer_before" in page.content
