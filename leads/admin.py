@@ -226,7 +226,8 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
 
 @admin.register(QueuedLead)
 class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "created_at", "email", "company", "group", "queue_reason")
+    # Why it waits and where, before who: on a laptop the columns past these are scrolled to.
+    list_display = ("id", "created_at", "group", "queue_reason", "email", "company")
     list_filter = ("group",)
     search_fields = ("email", "company")
     list_select_related = ("group",)
@@ -237,6 +238,11 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lead]:
         return super().get_queryset(request).filter(status=LeadStatus.QUEUED)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        """Titled as the page a manager works ("Select queued lead to change" said otherwise)."""
+        title = "Fallback queue: leads waiting for a rep, oldest first"
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
     def has_change_permission(self, request: HttpRequest, obj: Lead | None = None) -> bool:
         """The change permission runs the list's actions; a queued lead's own page has nothing

@@ -119,6 +119,16 @@ def test_the_queue_counts_its_leads_in_words(api, make_group, manager):
     assert "3 queued leads" in paginator and "fallback queue" not in paginator.split("</p>")[0]
 
 
+def test_the_queue_page_is_titled_as_the_queue_and_shows_why_before_who(api, make_group, manager):
+    group, _ = make_group(2, slug="emea")
+    group.memberships.update(active=False)
+    post_leads(api, "emea", "a@one.example")
+    html = manager.get("/admin/leads/queuedlead/").content.decode()
+    assert "<h1>Fallback queue: leads waiting for a rep, oldest first</h1>" in html
+    headers = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
+    assert headers.index("queue_reason") < headers.index("email"), headers
+
+
 @pytest.mark.postgres
 def test_a_large_list_says_about_how_many_from_the_planner_and_counts_a_small_one(
     api, make_group, manager, monkeypatch
