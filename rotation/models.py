@@ -40,6 +40,7 @@ class Group(models.Model):
     name = models.CharField(max_length=200)
     strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.ROUND_ROBIN)
     sla_minutes = models.DecimalField(
+        "SLA minutes",
         max_digits=8,
         decimal_places=2,
         null=True,
