@@ -286,10 +286,24 @@ class AbsenceInline(admin.TabularInline):
         return formset
 
 
+class JSONOrEmptyField(forms.JSONField):
+    """No value shown as an empty box, as the help text says ("Empty: always"), not as the
+    word null; an empty box saves as no value."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value is None else super().prepare_value(value)
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():  # blank lines are an empty box
+            return None
+        return super().to_python(value)
+
+
 class RepForm(forms.ModelForm):
     class Meta:
         model = Rep
         fields = ("name", "email", "user", "timezone", "active", "working_hours")
+        field_classes = {"working_hours": JSONOrEmptyField}
 
     def clean_email(self) -> str:
         # As the API stores it: the domain in ASCII (IDNA), so that one mailbox is one rep

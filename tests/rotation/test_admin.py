@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import AuditEvent
 from leads.models import Lead
 from rotation import services
-from rotation.models import Group, Membership
+from rotation.models import Group, Membership, Rep
 from tests.conftest import lead_body
 from tests.factories import RepFactory
 from tests.security.test_admin_roles import form_of
@@ -743,3 +743,20 @@ def test_the_trail_puts_its_sentence_beside_the_type_and_keeps_it_readable(staff
     assert headers[headers.index("type") + 1] == "summary", headers
     assert headers[-1] == "actor", headers
     assert "td.field-summary { min-width:" in html
+
+
+def test_a_rep_without_working_hours_shows_an_empty_box_and_saves_as_none(staff):
+    """ "Empty: always", says the help text: the box was filled with the word null."""
+    rep = RepFactory(working_hours=None)
+    url = f"/admin/rotation/rep/{rep.pk}/change/"
+    page = staff.get(url)
+    assert re.search(r'<textarea name="working_hours"[^>]*>\s*</textarea>', page.content.decode())
+    data = form_of(page)
+    assert staff.post(url, data).status_code == 302
+    assert Rep.objects.get(pk=rep.pk).working_hours is None
+    assert not AuditEvent.objects.filter(type="rep.changed").exists()  # nothing changed
+    data["working_hours"] = ['{"mon": [["09:00", "17:30"]]}']
+    assert staff.post(url, data).status_code == 302
+    assert Rep.objects.get(pk=rep.pk).working_hours == {"mon": [["09:00", "17:30"]]}
+    page = staff.get(url).content.decode()
+    assert "09:00" in page and "null" not in re.search(r"<textarea[^>]*>(.*?)</textarea>", page, re.S).group(1)
