@@ -25,6 +25,8 @@ def test_queue_assign_to_rep_asks_then_assigns(api, make_group, manager):
     url = "/admin/leads/queuedlead/"
     page = manager.post(url, {"action": "assign_to_rep", "_selected_action": ids})
     assert page.status_code == 200 and b"Assign to" in page.content  # the intermediate form
+    crumbs = page.content.decode().split('class="breadcrumbs"')[1].split("</div>")[0]
+    assert 'href="/admin/leads/queuedlead/">Fallback queue</a>' in crumbs, crumbs
     done = manager.post(
         url,
         {"action": "assign_to_rep", "_selected_action": ids, "apply": "1", "rep": reps[1].id, "reason": "on call"},
@@ -212,7 +214,10 @@ def test_reassign_from_the_lead_page(api, make_group, manager):
     change = manager.get(f"/admin/leads/lead/{lead_id}/change/")
     assert change.status_code == 200 and f"/admin/leads/lead/{lead_id}/reassign/".encode() in change.content
     url = f"/admin/leads/lead/{lead_id}/reassign/"
-    assert manager.get(url).status_code == 200
+    form = manager.get(url)
+    assert form.status_code == 200
+    crumbs = form.content.decode().split('class="breadcrumbs"')[1].split("</div>")[0]
+    assert f'href="/admin/leads/lead/{lead_id}/change/">Lead #{lead_id}</a>' in crumbs, crumbs
     r = manager.post(url, {"rep": reps[1].id, "reason": "territory"})
     assert r.status_code == 302
     lead = Lead.objects.get(pk=lead_id)
