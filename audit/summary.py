@@ -110,6 +110,8 @@ def event_summary(*, type: str, explanation: Mapping[str, Any], rep_id: int | No
             text += " from the fallback queue"
             if e.get("queued_because"):
                 text += f" (queued because: {e['queued_because']})"
+            if e.get("drained_because"):
+                text += f", when {e['drained_because']}"
         if not e.get("unchanged") and e.get("reason") == "owner_match" and e.get("account"):
             text += f", as the account owner of {e['account']} (the rotation untouched)"
         if decided:

@@ -82,6 +82,7 @@ class EscalationResult:
     # The other overdue assignments of the group escalated under the same lock, by outcome.
     backlog: dict[str, int] | None = None
     frees_capacity: bool = False  # the rep who missed was under a max_open cap
+    from_rep: int | None = None  # the rep who missed (escalated or queued)
 
 
 # --- the transaction and the locks -----------------------------------------------------------
@@ -274,17 +275,19 @@ def _escalate_with_backlog(
     result = _escalate_locked(assignment_id, lead_id, state, actor, skip_locked)
     if state is None or result.outcome not in ("escalated", "queued"):
         return result
-    drain = result.frees_capacity
+    drain = [result] if result.frees_capacity else []
     if settings.ESCALATION_BATCH > 1:
         result, drain = _escalate_backlog(state, result, actor, exclude=assignment_id, drain=drain)
     if drain:
-        scheduling.drain_schedule_on_commit(group_ids=[state.group_id])
+        freed = ", ".join(f"lead {r.lead_id} from rep {r.from_rep}" for r in drain)
+        because = f"SLA escalation freed a place under a max_open cap ({freed})"
+        scheduling.drain_schedule_on_commit(group_ids=[state.group_id], because=because)
     return result
 
 
 def _escalate_backlog(
-    state: RotationState, result: EscalationResult, actor: str, *, exclude: int, drain: bool
-) -> tuple[EscalationResult, bool]:
+    state: RotationState, result: EscalationResult, actor: str, *, exclude: int, drain: list[EscalationResult]
+) -> tuple[EscalationResult, list[EscalationResult]]:
     others = list(
         Assignment.objects.filter(
             group_id=state.group_id,
@@ -318,7 +321,8 @@ def _escalate_backlog(
         return replace(result, backlog={}), drain
     for other in results:
         tally[other.outcome] = tally.get(other.outcome, 0) + 1
-        drain = drain or other.frees_capacity
+        if other.frees_capacity:
+            drain = [*drain, other]
     return replace(result, backlog=tally), drain
 
 
@@ -493,7 +497,9 @@ def _escalate_many_locked(
         events.extend(auto_paused)
         outcome, counted_as = ("escalated", "reassigned") if new is not None else ("queued", "queued")
         counted[counted_as] = counted.get(counted_as, 0) + 1
-        by_lead[lead.pk] = EscalationResult(outcome, lead_id=lead.id, frees_capacity=frees_capacity)
+        by_lead[lead.pk] = EscalationResult(
+            outcome, lead_id=lead.id, frees_capacity=frees_capacity, from_rep=missed_rep
+        )
         logger.info("lead %s escalated from rep %s to %s", lead.id, missed_rep, rep or "the queue")
 
     # The writes, one statement per table, in the order one escalation writes them.
@@ -690,6 +696,13 @@ def escalation_arm(*, now: datetime | None = None) -> int:
     return published + _drains_arm(low=max(low, now), high=high)
 
 
+def _absence_ended_because(*, rep_ids: Iterable[int], ends_at: datetime) -> str:
+    """Why a drain published for the end of an absence runs, for its audit events."""
+    ids = sorted(rep_ids)
+    who = f"rep {ids[0]}" if len(ids) == 1 else "reps " + ", ".join(str(r) for r in ids)
+    return f"back from out of office: the absence of {who} ended at {ends_at.isoformat()}"
+
+
 def _drains_arm(*, low: datetime, high: datetime) -> int:
     """An absence that runs out is announced by no write, yet frees its rep: the drain of each
     of the rep's groups is published for the moment it ends (in the same window as the
@@ -710,11 +723,16 @@ def _drains_arm(*, low: datetime, high: datetime) -> int:
     ):
         groups_of.setdefault(rep_id, []).append(group_id)
     # Each end of each group: two reps back at different times, two drains.
-    drains = {(group_id, ends_at) for rep_id, ends_at in ends for group_id in groups_of.get(rep_id, [])}
+    drains: dict[tuple[int, datetime], set[int]] = {}
+    for rep_id, ends_at in ends:
+        for group_id in groups_of.get(rep_id, []):
+            drains.setdefault((group_id, ends_at), set()).add(rep_id)
     published = 0
-    for group_id, ends_at in sorted(drains):
+    for (group_id, ends_at), rep_ids in sorted(drains.items()):
         at = ends_at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
-        if not scheduling.publish(scheduling.DRAIN_TASK, args=[group_id], eta=at, expires=at + timedelta(hours=1)):
+        because = _absence_ended_because(rep_ids=rep_ids, ends_at=ends_at)
+        args = [group_id, because]
+        if not scheduling.publish(scheduling.DRAIN_TASK, args=args, eta=at, expires=at + timedelta(hours=1)):
             break
         published += 1
     return published
@@ -863,7 +881,8 @@ def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str, only_qu
             ]
         )
         if from_rep is not None:
-            scheduling.drain_schedule_on_commit(group_ids=[lead.group_id])
+            because = f"lead {lead.id} reassigned by hand from rep {from_rep} ({actor})"
+            scheduling.drain_schedule_on_commit(group_ids=[lead.group_id], because=because)
         return lead
 
     return _in_transaction(body)
@@ -1000,7 +1019,8 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
             ]
         )
         if previous is not None and kept is None and from_group is not None:
-            scheduling.drain_schedule_on_commit(group_ids=[from_group.id])
+            because = f"lead {lead.id} rerouted away from rep {previous.rep_id} ({actor})"
+            scheduling.drain_schedule_on_commit(group_ids=[from_group.id], because=because)
         return lead
 
     return _in_transaction(body)
@@ -1039,7 +1059,8 @@ def lead_close(*, lead_id: int, outcome: str, actor: str, only_queued: bool = Fa
             ]
         )
         if was in OPEN_STATUSES:
-            scheduling.drain_schedule_on_commit(group_ids=[lead.group_id])
+            because = f"lead {lead.id} of rep {lead.owner_id} closed ({outcome}, {actor})"
+            scheduling.drain_schedule_on_commit(group_ids=[lead.group_id], because=because)
         return lead
 
     return _in_transaction(body)
@@ -1127,18 +1148,19 @@ def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead
 # --- the fallback queue ----------------------------------------------------------------------
 
 
-def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None = None) -> int:
+def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None = None, because: str = "") -> int:
     """Routes the group's queued leads in arrival order, one locked transaction per lead,
     until no eligible rep is left, the queue is walked through, or `limit` leads are
     assigned. Leads that used up the group's `max_attempts` wait for a manager; a lead that
     no free rep may take (only reps who had it are free, or it waits for its account's
     owner) is stepped over, and counts for nothing: however many wait so, the leads behind
-    them are reached. Returns how many were assigned."""
-    routed, _ended = _queue_walk(group_id, actor, limit or settings.QUEUE_DRAIN_BATCH, steps=None)
+    them are reached. `because`: what freed capacity (or the sweep), in words, which each
+    lead's audit event gives. Returns how many were assigned."""
+    routed, _ended = _queue_walk(group_id, actor, limit or settings.QUEUE_DRAIN_BATCH, steps=None, because=because)
     return routed
 
 
-def queue_drain_now(*, group_id: int, actor: str = "system:queue") -> bool:
+def queue_drain_now(*, group_id: int, actor: str = "system:queue", because: str = "") -> bool:
     """The drain a change that freed capacity runs itself once committed, in its own request
     or task (scheduling.drain_publish): the manager who closes a lead, un-pauses a rep or
     raises a cap gets the answer with the queued leads already routed, and a lead posted just
@@ -1147,11 +1169,11 @@ def queue_drain_now(*, group_id: int, actor: str = "system:queue") -> bool:
     lot of capacity still answers promptly: True when the walk came to its end, False when
     the rest is left to the worker."""
     limit = settings.QUEUE_DRAIN_INLINE
-    _routed, ended = _queue_walk(group_id, actor, limit, steps=2 * limit)
+    _routed, ended = _queue_walk(group_id, actor, limit, steps=2 * limit, because=because)
     return ended
 
 
-def _queue_walk(group_id: int, actor: str, limit: int, *, steps: int | None) -> tuple[int, bool]:
+def _queue_walk(group_id: int, actor: str, limit: int, *, steps: int | None, because: str) -> tuple[int, bool]:
     """Routes queued leads until `limit` are assigned or `steps` looked at; returns how many
     were assigned and whether the walk ended (nobody free, or no lead left to try)."""
     if not Lead.objects.filter(status=LeadStatus.QUEUED, group_id=group_id).exists():
@@ -1159,7 +1181,7 @@ def _queue_walk(group_id: int, actor: str, limit: int, *, steps: int | None) -> 
     cursor = [0]  # the id of the last lead looked at: the walk goes on past it
     routed, looked, ended = 0, 0, False
     while routed < limit and (steps is None or looked < steps):
-        outcome = _in_transaction(lambda: _drain_one(group_id, cursor, actor))
+        outcome = _in_transaction(lambda: _drain_one(group_id, cursor, actor, because))
         looked += 1
         if outcome == "assigned":
             routed += 1
@@ -1171,7 +1193,7 @@ def _queue_walk(group_id: int, actor: str, limit: int, *, steps: int | None) -> 
     return routed, ended
 
 
-def _drain_one(group_id: int, cursor: list[int], actor: str) -> str:
+def _drain_one(group_id: int, cursor: list[int], actor: str, because: str) -> str:
     state = routing.lock_rotation(group_id)
     group = state.group
     if not group.active:
@@ -1211,6 +1233,9 @@ def _drain_one(group_id: int, cursor: list[int], actor: str) -> str:
     lead.save(update_fields=LEAD_ROUTING_FIELDS)
     explanation = {
         "trigger": "queue_drain",
+        # What freed the capacity this lead now takes (a lead closed, a rep back...), or the
+        # periodic sweep: the drain's own why, beside the lead's (`queued_because`).
+        "drained_because": because or None,
         "group": group.slug,
         "strategy": group.strategy,
         "queued_because": queued_reason,
@@ -1227,6 +1252,9 @@ def _drain_one(group_id: int, cursor: list[int], actor: str) -> str:
     return "assigned"
 
 
+QUEUE_SWEEP_BECAUSE = "periodic sweep of the fallback queues (capacity freed by time alone, or a drain missed)"
+
+
 def queue_drain_all(*, actor: str = "system:queue") -> int:
     """The periodic backstop: drains every group that has queued leads (e.g. an absence
     that simply ran out, which no write announces)."""
@@ -1241,7 +1269,7 @@ def queue_drain_all(*, actor: str = "system:queue") -> int:
         # One group that cannot be drained now (its rotation held past the lock timeout, or a
         # failure) must not hold back the others' queues: the next sweep looks at it again.
         try:
-            routed += queue_drain(group_id=group_id, actor=actor)
+            routed += queue_drain(group_id=group_id, actor=actor, because=QUEUE_SWEEP_BECAUSE)
         except routing.RoutingBusy:
             logger.warning("queue drain of group %s left to the next sweep: its rotation is busy", group_id)
         except Exception:

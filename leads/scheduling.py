@@ -99,14 +99,15 @@ def _batch_timers_publish(dues: list[datetime]) -> None:
             return  # the broker is down: the sweep escalates them
 
 
-def drain_schedule_on_commit(*, group_ids: Iterable[int | None]) -> None:
-    """Drains these groups' fallback queues once the transaction commits."""
+def drain_schedule_on_commit(*, group_ids: Iterable[int | None], because: str) -> None:
+    """Drains these groups' fallback queues once the transaction commits. `because`: the
+    change that freed capacity, in words, for the audit events of the leads it routes."""
     ids = sorted({g for g in group_ids if g is not None})
     if ids:
-        transaction.on_commit(lambda: drain_publish(group_ids=ids))
+        transaction.on_commit(lambda: drain_publish(ids, because))
 
 
-def drain_publish(group_ids: list[int]) -> None:
+def drain_publish(group_ids: list[int], because: str) -> None:
     """After the commit of a change that freed capacity: each group's queue is drained here
     and now, up to a bound (actions.queue_drain_now); what is left, or a drain that failed
     (its rotation busy, the database away), goes to the worker, and the sweep backs both."""
@@ -115,17 +116,17 @@ def drain_publish(group_ids: list[int]) -> None:
 
     for group_id in group_ids:
         try:
-            ended = actions.queue_drain_now(group_id=group_id)
+            ended = actions.queue_drain_now(group_id=group_id, because=because)
         except RoutingBusy:
             ended = False
         except Exception:  # the change is committed: its answer must not fail for the drain
             logger.warning("queue drain of group %s left to the worker", group_id, exc_info=True)
             ended = False
         if not ended:
-            publish(DRAIN_TASK, args=[group_id])
+            publish(DRAIN_TASK, args=[group_id, because])
 
 
-def drain_publish_at(group_ids: list[int], at: datetime) -> None:
+def drain_publish_at(group_ids: list[int], at: datetime, because: str) -> None:
     """Drains these groups when an absence ends at `at` (ABSENCE_END_DRAIN_DELAY_S after), if
     that is within the timer horizon; `escalation_arm` publishes later ones when they come
     within it."""
@@ -135,4 +136,4 @@ def drain_publish_at(group_ids: list[int], at: datetime) -> None:
     if eta <= timezone.now() or not within_horizon(eta):
         return
     for group_id in group_ids:
-        publish(DRAIN_TASK, args=[group_id], eta=eta, expires=eta + timedelta(hours=1))
+        publish(DRAIN_TASK, args=[group_id, because], eta=eta, expires=eta + timedelta(hours=1))

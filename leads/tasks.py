@@ -35,14 +35,14 @@ def escalate_assignment(self: Task, assignment_id: int) -> str:
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True, **RETRY)
-def drain_group(self: Task, group_id: int) -> int:
-    """Routes a group's queued leads now that capacity freed up."""
+def drain_group(self: Task, group_id: int, because: str = "") -> int:
+    """Routes a group's queued leads now that capacity freed up (`because` says how)."""
     try:
-        routed = actions.queue_drain(group_id=group_id)
+        routed = actions.queue_drain(group_id=group_id, because=because)
     except RoutingBusy as exc:
         raise self.retry(countdown=1, exc=exc) from exc
     if routed >= settings.QUEUE_DRAIN_BATCH:
-        scheduling.publish(scheduling.DRAIN_TASK, args=[group_id])  # more to do: continue in a new task
+        scheduling.publish(scheduling.DRAIN_TASK, args=[group_id, because])  # more to do: continue in a new task
     return routed
 
 

@@ -4,7 +4,8 @@ trail of what goes with a deleted group.
 `rotation` must not import `leads` (imports run leads -> rotation -> audit), yet a rep coming
 back, un-paused, joining or getting a higher cap must drain the group's fallback queue. The
 leads app registers its drain here at startup (`LeadsConfig.ready`); rotation's services call
-`capacity_freed(...)` inside their transaction, and the callbacks run once it commits.
+`capacity_freed(...)` inside their transaction, saying what freed it (`because`, for the drain's
+audit event), and the callbacks run once it commits.
 Likewise the apps whose rows a group's delete takes with it (its webhook endpoints) say here
 what the trail must record of them (`group_deleting`). No Django signals: the call sites are
 explicit and greppable.
@@ -23,35 +24,37 @@ from audit.services import Event
 
 logger = logging.getLogger(__name__)
 
-CapacityCallback = Callable[[list[int]], None]
+CapacityCallback = Callable[[list[int], str], None]
 _callbacks: list[CapacityCallback] = []
-LaterCallback = Callable[[list[int], datetime], None]
+LaterCallback = Callable[[list[int], datetime, str], None]
 _later: list[LaterCallback] = []
 DeletingCallback = Callable[[int, str, str], list[Event]]
 _deleting: list[DeletingCallback] = []
 
 
 def on_capacity_freed(callback: CapacityCallback) -> None:
-    """Registers `callback(group_ids)`; registering the same callback twice is a no-op."""
+    """Registers `callback(group_ids, because)`; registering the same callback twice is a no-op."""
     if callback not in _callbacks:
         _callbacks.append(callback)
 
 
-def capacity_freed(*, group_ids: Iterable[int]) -> None:
-    """Runs the registered callbacks after the current transaction commits (now if none)."""
-    _after_commit(_callbacks, group_ids)
+def capacity_freed(*, group_ids: Iterable[int], because: str) -> None:
+    """Runs the registered callbacks after the current transaction commits (now if none).
+    `because`: the change that freed capacity, in words; the drain's audit event says it."""
+    _after_commit(_callbacks, group_ids, because)
 
 
 def on_capacity_frees_at(callback: LaterCallback) -> None:
-    """Registers `callback(group_ids, at)`; registering the same callback twice is a no-op."""
+    """Registers `callback(group_ids, at, because)`; registering the same callback twice is a
+    no-op."""
     if callback not in _later:
         _later.append(callback)
 
 
-def capacity_frees_at(*, group_ids: Iterable[int], at: datetime) -> None:
+def capacity_frees_at(*, group_ids: Iterable[int], at: datetime, because: str) -> None:
     """Capacity that time alone will free (an absence ending at `at`): the registered
-    callbacks run after the current transaction commits, with `at`."""
-    _after_commit(_later, group_ids, at)
+    callbacks run after the current transaction commits, with `at` and `because`."""
+    _after_commit(_later, group_ids, at, because)
 
 
 def on_group_deleting(callback: DeletingCallback) -> None:

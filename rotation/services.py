@@ -67,6 +67,14 @@ class _Change:
         return out
 
 
+def _freed_because(what: str, change: _Change, obj: Model, fields: Iterable[str], actor: str) -> str:
+    """A change that freed capacity, in words, for the audit events of the queued leads its
+    drain routes: "rep 7's membership of group 'emea' changed: max_open 1 -> 2 (api:ops)"."""
+    shown = [] if change.created else [name for name in change.fields if name in fields]
+    edits = ", ".join(f"{name} {change.before.get(name)!r} -> {_plain(getattr(obj, name, None))!r}" for name in shown)
+    return f"{what}: {edits} ({actor})" if edits else f"{what} ({actor})"
+
+
 def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
     """Call before saving `obj`; `changed`: the fields the caller edited (None: any)."""
     if obj.pk is None or obj._state.adding:
@@ -135,7 +143,9 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
     if group.active and (change.created or to_rotation or GROUP_FREES_CAPACITY.intersection(change.fields)):
         # A group (re)activated routes its queued leads; a new time zone moves its day (the
         # daily caps start again), and more attempts let escalated-out leads back in.
-        capacity_freed(group_ids=[group.pk])
+        what = f"group '{group.slug}' created" if change.created else f"group '{group.slug}' changed"
+        fields = (*GROUP_FREES_CAPACITY, "owner_match_fallback_to_rotation")
+        capacity_freed(group_ids=[group.pk], because=_freed_because(what, change, group, fields, actor))
     if not change.fields:
         return group  # an edit that changes nothing: no event
     audit_record(
@@ -202,10 +212,13 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
     if rep.active and not change.created and REP_FREES_CAPACITY.intersection(change.fields):
         # A rep re-activated, or now within its hours, takes leads: drain its groups' queues
         # after commit.
-        capacity_freed(group_ids=Membership.objects.filter(rep=rep).values_list("group_id", flat=True))
+        capacity_freed(
+            group_ids=Membership.objects.filter(rep=rep).values_list("group_id", flat=True),
+            because=_freed_because(f"rep {rep.pk} changed", change, rep, REP_FREES_CAPACITY, actor),
+        )
     if not rep.active and "active" in change.fields and Account.objects.filter(owner=rep).exists():
         # Only an active rep owns its accounts' leads: those held for this one are free now.
-        _owner_kept_leads_freed()
+        _owner_kept_leads_freed(because=f"account owner rep {rep.pk} deactivated ({actor})")
     if not change.fields:
         return rep
     # The e-mail too: it is where the rep's leads are announced.
@@ -274,7 +287,8 @@ def membership_add(*, group: Group, rep: Rep, actor: str, position: int | None =
         position = next_position(group)
     membership = Membership(group=group, rep=rep, position=position, **fields)
     membership.save()
-    capacity_freed(group_ids=[group.pk])  # a joiner can take queued leads
+    # A joiner can take queued leads.
+    capacity_freed(group_ids=[group.pk], because=f"rep {rep.pk} joined group '{group.slug}' ({actor})")
     audit_record(
         type=AuditEvent.Type.MEMBERSHIP_CHANGED,
         actor=actor,
@@ -330,7 +344,11 @@ def membership_update(
     if unwritten := sorted(ESCALATION_WRITES.difference(written)):
         membership.refresh_from_db(fields=unwritten)  # answered as stored: paused meanwhile, it says so
     if membership.active and FREES_CAPACITY.intersection(change.fields):
-        capacity_freed(group_ids=[membership.group_id])  # un-paused or a cap raised: drain the queue
+        # Un-paused or a cap raised: drain the queue.
+        what = f"rep {membership.rep_id}'s membership of group '{membership.group.slug}' changed"
+        capacity_freed(
+            group_ids=[membership.group_id], because=_freed_because(what, change, membership, FREES_CAPACITY, actor)
+        )
     if not change.fields:
         return membership
     audit_record(
@@ -386,6 +404,12 @@ def _removals(memberships: Iterable[tuple[str, Membership]], *, actor: str, beca
 # --- absences and rules ----------------------------------------------------------------------
 
 
+def _absence_ends_because(absence: Absence) -> str:
+    return (
+        f"back from out of office: rep {absence.rep_id}'s absence {absence.pk} ended at {absence.ends_at.isoformat()}"
+    )
+
+
 @transaction.atomic
 def absence_add(*, absence: Absence, actor: str) -> Absence:
     absence.full_clean()
@@ -394,6 +418,7 @@ def absence_add(*, absence: Absence, actor: str) -> Absence:
     capacity_frees_at(
         group_ids=Membership.objects.filter(rep_id=absence.rep_id).values_list("group_id", flat=True),
         at=absence.ends_at,
+        because=_absence_ends_because(absence),
     )
     audit_record(
         type=AuditEvent.Type.ABSENCE_CHANGED,
@@ -414,8 +439,12 @@ def absence_update(*, absence: Absence, actor: str, changed: Iterable[str]) -> A
     if not change.fields:
         return absence
     group_ids = list(Membership.objects.filter(rep_id=absence.rep_id).values_list("group_id", flat=True))
-    capacity_freed(group_ids=group_ids)  # shortened, or moved later: the rep may be back already
-    capacity_frees_at(group_ids=group_ids, at=absence.ends_at)
+    # Shortened, or moved later: the rep may be back already.
+    edited = _freed_because(
+        f"rep {absence.rep_id}'s absence {absence.pk} changed", change, absence, ("starts_at", "ends_at"), actor
+    )
+    capacity_freed(group_ids=group_ids, because=edited)
+    capacity_frees_at(group_ids=group_ids, at=absence.ends_at, because=_absence_ends_because(absence))
     audit_record(
         type=AuditEvent.Type.ABSENCE_CHANGED,
         actor=actor,
@@ -432,7 +461,10 @@ def absence_remove(*, absence: Absence, actor: str) -> None:
     before = _values(absence, ["id", "starts_at", "ends_at", "reason"])
     absence.delete()
     # Back from out of office: drain the queues of the rep's groups after commit.
-    capacity_freed(group_ids=Membership.objects.filter(rep_id=rep_id).values_list("group_id", flat=True))
+    capacity_freed(
+        group_ids=Membership.objects.filter(rep_id=rep_id).values_list("group_id", flat=True),
+        because=f"back from out of office: rep {rep_id}'s absence {absence_id} deleted ({actor})",
+    )
     audit_record(
         type=AuditEvent.Type.ABSENCE_CHANGED,
         actor=actor,
@@ -477,12 +509,15 @@ def rule_delete(*, rule: RoutingRule, actor: str) -> None:
 # --- accounts (sticky routing) ---------------------------------------------------------------
 
 
-def _owner_kept_leads_freed() -> None:
+def _owner_kept_leads_freed(*, because: str) -> None:
     """An account's owner or domain changed: the leads a group keeps queued for an account
     owner (`owner_match_fallback_to_rotation` off) may be routed now, to the new owner or
     through the rotation. Only those groups keep such leads; draining one with none is a read."""
     capacity_freed(
-        group_ids=Group.objects.filter(owner_match_fallback_to_rotation=False, active=True).values_list("pk", flat=True)
+        group_ids=Group.objects.filter(owner_match_fallback_to_rotation=False, active=True).values_list(
+            "pk", flat=True
+        ),
+        because=because,
     )
 
 
@@ -495,7 +530,9 @@ def account_save(*, account: Account, actor: str, changed: Iterable[str] | None 
     if change.created:
         change.fields = ["domain", "name", "owner_id"]
     elif {"domain", "owner_id"}.intersection(change.fields):
-        _owner_kept_leads_freed()  # held for the old owner (or domain): they may go elsewhere now
+        # Held for the old owner (or domain): they may go elsewhere now.
+        what = f"account '{account.domain}' changed"
+        _owner_kept_leads_freed(because=_freed_because(what, change, account, ("domain", "owner_id"), actor))
     if not change.fields:
         return account
     audit_record(
@@ -511,7 +548,8 @@ def account_save(*, account: Account, actor: str, changed: Iterable[str] | None 
 def account_delete(*, account: Account, actor: str) -> None:
     domain, owner_id = account.domain, account.owner_id
     account.delete()
-    _owner_kept_leads_freed()  # leads held for its owner now go through the rotation
+    # Leads held for its owner now go through the rotation.
+    _owner_kept_leads_freed(because=f"account '{domain}' of rep {owner_id} deleted ({actor})")
     audit_record(
         type=AuditEvent.Type.ACCOUNT_CHANGED,
         actor=actor,

@@ -136,7 +136,7 @@ def test_a_batch_that_frees_capacity_drains_the_queue_once(api, make_group, monk
     Membership.objects.filter(group=group).update(max_open=50)  # each miss frees a place
     rows = overdue_leads(api, "burst", 4)
     drains: list[list[int]] = []
-    monkeypatch.setattr(scheduling, "drain_publish", lambda group_ids: drains.append(group_ids))
+    monkeypatch.setattr(scheduling, "drain_publish", lambda group_ids, because: drains.append(group_ids))
     assert actions.lead_escalate(assignment_id=rows[0].pk).backlog == {"escalated": 3}
     assert drains == [[group.id]]
 

@@ -65,7 +65,10 @@ def test_arm_publishes_a_drain_for_when_an_absence_runs_out(api, make_group, emp
     monkeypatch.setattr(scheduling, "publish", lambda name, **options: sent.append((name, options)) or True)
     assert actions.escalation_arm(now=now) == 1
     ((name, options),) = sent
-    assert name == scheduling.DRAIN_TASK and options["args"] == [group.id]
+    assert name == scheduling.DRAIN_TASK and options["args"] == [
+        group.id,
+        f"back from out of office: the absence of rep {away.id} ended at {ends.isoformat()}",
+    ]
     assert options["eta"] == ends + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
 
 

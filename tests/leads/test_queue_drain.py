@@ -294,7 +294,7 @@ def drains(monkeypatch):
     from rotation import hooks
 
     seen: list[int] = []
-    monkeypatch.setattr(hooks, "_callbacks", [seen.extend])
+    monkeypatch.setattr(hooks, "_callbacks", [lambda group_ids, because: seen.extend(group_ids)])
     return seen
 
 
@@ -542,9 +542,131 @@ def test_an_escalation_asks_for_a_drain_only_when_it_frees_a_capped_place(
     group, reps = make_group(2, slug="emea", sla_minutes="1")
     Membership.objects.filter(group=group).update(max_open=max_open)
     asked: list[list[int]] = []
-    monkeypatch.setattr(scheduling, "drain_schedule_on_commit", lambda *, group_ids: asked.append(list(group_ids)))
+    monkeypatch.setattr(
+        scheduling, "drain_schedule_on_commit", lambda *, group_ids, because: asked.append(list(group_ids))
+    )
     lead = post(api, group="emea")
     assignment = Assignment.objects.get(lead_id=lead["id"])
     Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
     assert actions.lead_escalate(assignment_id=assignment.id).outcome == "escalated"
     assert asked == ([[group.id]] if drained else [])
+
+
+# --- why each drain happened -----------------------------------------------------------------
+
+
+def drained_because(lead: dict) -> str:
+    event = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.assigned", actor="system:queue").get()
+    return event.explanation["drained_because"]
+
+
+@pytest.mark.django_db
+def test_each_drain_says_which_change_freed_the_capacity(
+    api, make_group, published, django_capture_on_commit_callbacks
+):
+    """A manager reading a drained lead's trail learns why it left the queue then: which lead
+    was closed or moved, which rep came back, joined, was un-paused or got a higher cap (and
+    who did it), or that the periodic sweep found the place."""
+    from tests.factories import RepFactory
+
+    group, (rep, other) = make_group(2, slug="emea")
+    Membership.objects.filter(group=group).update(max_open=1)
+    first, second = post(api, group="emea"), post(api, group="emea")
+    ACTOR = AuditEvent.objects.get(lead_id=first["id"], type="lead.received").actor  # the API client's
+
+    waiting = post(api, group="emea")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.post(f"/api/v1/leads/{first['id']}/close/", {"outcome": "won"}, format="json").status_code == 200
+    assert drained_because(waiting) == f"lead {first['id']} of rep {rep.id} closed (won, {ACTOR})"
+
+    waiting = post(api, group="emea")
+    outsider = RepFactory()
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api.post(f"/api/v1/leads/{second['id']}/reassign/", {"rep": outsider.id, "reason": "vip"}, format="json")
+    assert r.status_code == 200, r.content
+    assert drained_because(waiting) == f"lead {second['id']} reassigned by hand from rep {other.id} ({ACTOR})"
+
+    waiting = post(api, group="emea")
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api.patch(f"/api/v1/groups/emea/members/{rep.id}/", {"max_open": 2}, format="json")
+    assert r.status_code == 200, r.content
+    assert drained_because(waiting) == (f"rep {rep.id}'s membership of group 'emea' changed: max_open 1 -> 2 ({ACTOR})")
+
+    Membership.objects.filter(group=group).update(max_open=None, active=False)
+    waiting = post(api, group="emea")
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api.patch(f"/api/v1/groups/emea/members/{other.id}/", {"active": True}, format="json")
+    assert r.status_code == 200, r.content
+    assert drained_because(waiting) == (
+        f"rep {other.id}'s membership of group 'emea' changed: active False -> True ({ACTOR})"
+    )
+
+    Membership.objects.filter(group=group).update(active=False)
+    waiting = post(api, group="emea")
+    joiner = RepFactory()
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api.post("/api/v1/groups/emea/members/", {"rep": joiner.id}, format="json")
+    assert r.status_code == 201, r.content
+    assert drained_because(waiting) == f"rep {joiner.id} joined group 'emea' ({ACTOR})"
+
+    Membership.objects.filter(group=group).update(active=False)
+    Membership.objects.filter(group=group, rep=rep).update(active=True)
+    now = timezone.now()
+    r = api.post(
+        f"/api/v1/reps/{rep.id}/absences/",
+        {"starts_at": (now - timedelta(hours=1)).isoformat(), "ends_at": (now + timedelta(days=1)).isoformat()},
+        format="json",
+    )
+    assert r.status_code == 201, r.content
+    waiting = post(api, group="emea")
+    assert waiting["status"] == "queued"
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.delete(f"/api/v1/reps/{rep.id}/absences/{r.json()['id']}/").status_code == 204
+    assert drained_because(waiting) == (
+        f"back from out of office: rep {rep.id}'s absence {r.json()['id']} deleted ({ACTOR})"
+    )
+
+    Membership.objects.filter(group=group).update(active=False)
+    waiting = post(api, group="emea")
+    Membership.objects.filter(group=group, rep=rep).update(active=True)  # announced by no write
+    assert actions.queue_drain_all() == 1
+    assert drained_because(waiting) == actions.QUEUE_SWEEP_BECAUSE
+
+
+@pytest.mark.django_db
+def test_a_drain_after_an_escalation_names_the_lead_and_the_rep_who_missed(
+    api, make_group, published, django_capture_on_commit_callbacks
+):
+    group, (rep, other) = make_group(2, slug="emea", sla_minutes="1")
+    Membership.objects.filter(group=group).update(max_open=1)
+    missed, _second = post(api, group="emea"), post(api, group="emea")
+    waiting = post(api, group="emea")
+    assert waiting["status"] == "queued"
+    assignment = Assignment.objects.get(lead_id=missed["id"])
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    Membership.objects.filter(group=group, rep=other).update(max_open=2)  # room for the escalated lead
+    with django_capture_on_commit_callbacks(execute=True):
+        assert actions.lead_escalate(assignment_id=assignment.id).outcome == "escalated"
+    assert drained_because(waiting) == (
+        f"SLA escalation freed a place under a max_open cap (lead {missed['id']} from rep {rep.id})"
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.xdist_group("celery")
+def test_the_workers_drain_for_an_absence_that_runs_out_says_so(api, make_group, celery_worker):
+    """No write announces an absence that ends: the drain published for its end, run by the
+    worker, carries the why into the trail."""
+    group, (rep,) = make_group(1, slug="emea")
+    now = timezone.now()
+    ends = now + timedelta(seconds=3)
+    absence = services.absence_add(
+        absence=Absence(rep=rep, starts_at=now - timedelta(hours=1), ends_at=ends), actor="t"
+    )
+    waiting = post(api, group="emea")
+    assert waiting["status"] == "queued"
+    assert wait_for(lambda: status(waiting) == "assigned", timeout=15), celery_worker.log()
+    assert drained_because(waiting) == (
+        f"back from out of office: rep {rep.id}'s absence {absence.pk} ended at {ends.isoformat()}"
+    )
