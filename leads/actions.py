@@ -31,7 +31,7 @@ from audit.models import AuditEvent
 from audit.services import Event, audit_record_many
 from notifications.models import OutboxMessage
 from notifications.services import outbox_announce_many_on_commit
-from rotation.eligibility import MemberFacts, eligibility
+from rotation.eligibility import MemberFacts, eligibility, working_hours_starts
 from rotation.models import Absence, Group, Membership, Rep, RotationState
 from routing_project import metrics
 from routing_project.db import set_lock_timeout
@@ -707,7 +707,8 @@ def _drains_arm(*, low: datetime, high: datetime) -> int:
     """An absence that runs out is announced by no write, yet frees its rep: the drain of each
     of the rep's groups is published for the moment it ends (in the same window as the
     timers), so the queue's leads get the rep before a lead that arrives later (the queue
-    sweep is only the safety net)."""
+    sweep is only the safety net). The same for working hours that begin and a new day's
+    daily caps (`_time_frees_capacity`)."""
     still_away = Absence.objects.filter(  # another absence covers the end: not back yet
         rep_id=OuterRef("rep_id"), starts_at__lte=OuterRef("ends_at"), ends_at__gt=OuterRef("ends_at")
     )
@@ -727,15 +728,47 @@ def _drains_arm(*, low: datetime, high: datetime) -> int:
     for rep_id, ends_at in ends:
         for group_id in groups_of.get(rep_id, []):
             drains.setdefault((group_id, ends_at), set()).add(rep_id)
+    reasons = {key: _absence_ended_because(rep_ids=rep_ids, ends_at=key[1]) for key, rep_ids in drains.items()}
+    for key, because in _time_frees_capacity(low=low, high=high).items():
+        reasons[key] = f"{reasons[key]}; {because}" if key in reasons else because
     published = 0
-    for (group_id, ends_at), rep_ids in sorted(drains.items()):
-        at = ends_at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
-        because = _absence_ended_because(rep_ids=rep_ids, ends_at=ends_at)
+    for (group_id, freed_at), because in sorted(reasons.items()):
+        at = freed_at + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
         args = [group_id, because]
         if not scheduling.publish(scheduling.DRAIN_TASK, args=args, eta=at, expires=at + timedelta(hours=1)):
             break
         published += 1
     return published
+
+
+def _time_frees_capacity(*, low: datetime, high: datetime) -> dict[tuple[int, datetime], str]:
+    """Like an absence's end, time alone frees reps when their working hours begin and, for a
+    member under a `max_per_day` cap, when the group's day begins (its count starts again):
+    the drain of each such group at each such moment in (low, high], and why. Without it, the
+    first lead to arrive then would take the place before the leads queued overnight."""
+    drains: dict[tuple[int, datetime], list[str]] = {}
+    members = (
+        Membership.objects.filter(active=True, rep__active=True, group__active=True)
+        .filter(Q(rep__working_hours__isnull=False) | Q(max_per_day__isnull=False))
+        .order_by("group_id", "position")
+        .values_list(
+            "group_id", "group__slug", "group__timezone", "rep_id", "rep__timezone", "rep__working_hours", "max_per_day"
+        )
+    )
+    for group_id, slug, group_tz, rep_id, rep_tz, hours, max_per_day in members:
+        try:
+            starts = working_hours_starts(hours, rep_tz, low, high)
+        except (ValueError, TypeError, AttributeError, KeyError):
+            starts = []  # unreadable hours: the rep is never eligible (rotation/eligibility.py)
+        for at in starts:
+            drains.setdefault((group_id, at), []).append(f"rep {rep_id}'s working hours began ({rep_tz})")
+        if max_per_day is not None:
+            midnight = routing.day_start(high, group_tz)
+            if low < midnight <= high:
+                why = f"a new day began in group '{slug}' ({group_tz}): max_per_day caps count afresh"
+                if why not in drains.get((group_id, midnight), []):
+                    drains.setdefault((group_id, midnight), []).append(why)
+    return {key: "; ".join(whys) for key, whys in drains.items()}
 
 
 # --- the manager's actions -------------------------------------------------------------------

@@ -3,7 +3,7 @@
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, time
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -92,6 +92,27 @@ def within_working_hours(working_hours: Mapping[str, Any] | None, tz: str, now: 
     spans = working_hours.get(DAYS[local.weekday()]) or []
     clock = local.time().replace(tzinfo=None)
     return any(parse_hhmm(s) <= clock < parse_hhmm(e) for s, e in spans)
+
+
+def working_hours_starts(
+    working_hours: Mapping[str, Any] | None, tz: str, low: datetime, high: datetime
+) -> list[datetime]:
+    """The moments in (low, high] at which a rep comes back within its working hours: each
+    span's start, unless another span runs up to it (a shift split at midnight, or two spans
+    that meet), where the rep was never away."""
+    if not working_hours:
+        return []
+    zone = ZoneInfo(tz)
+    starts = []
+    day = low.astimezone(zone).date()
+    while day <= high.astimezone(zone).date():
+        for begin, _end in working_hours.get(DAYS[day.weekday()]) or []:
+            at = datetime.combine(day, parse_hhmm(begin), tzinfo=zone)
+            before = at - timedelta(seconds=1)
+            if low < at <= high and not within_working_hours(working_hours, tz, before):
+                starts.append(at.astimezone(UTC))
+        day += timedelta(days=1)
+    return sorted(set(starts))
 
 
 AWAY_UNTIL = "out of office until "

@@ -262,8 +262,9 @@ if ESCALATION_BATCH < 1:
 # Queues drain after commit of the change that freed capacity; this sweep is the backstop
 # (an absence that simply ends is announced by no write).
 QUEUE_DRAIN_SWEEP_EVERY_S = env.float("QUEUE_DRAIN_SWEEP_EVERY_S", default=30.0)
-# An absence's end publishes its groups' drains (with the timers, by escalation-arm) this long
-# after it, so that the rep is back when the drain reads eligibility.
+# An absence's end (and working hours that begin, a new day under max_per_day) publishes its
+# groups' drains (with the timers, by escalation-arm) this long after it, so that the rep is
+# back when the drain reads eligibility.
 ABSENCE_END_DRAIN_DELAY_S = env.float("ABSENCE_END_DRAIN_DELAY_S", default=0.5)
 QUEUE_DRAIN_BATCH = env.int("QUEUE_DRAIN_BATCH", default=500)
 # The change that freed capacity routes up to this many queued leads itself, once committed

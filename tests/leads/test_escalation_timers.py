@@ -111,3 +111,71 @@ def test_an_absence_with_no_end_in_sight_is_taken_without_an_error(
     assert r.status_code == 201, r.content
     assert [record.getMessage() for record in caplog.records if record.levelname == "ERROR"] == []
     assert [name for name, _ in sent if name == scheduling.DRAIN_TASK] == []
+
+
+def test_arm_publishes_a_drain_for_when_working_hours_begin(api, make_group, monkeypatch):
+    """Working hours that begin free the rep by time alone, as an absence that runs out does:
+    the queued leads get the rep at once, before a lead that arrives after the start takes the
+    place they waited for (the periodic sweep comes only later)."""
+    from datetime import UTC, datetime
+
+    from audit.models import AuditEvent
+    from leads import tasks
+    from leads.models import Lead
+    from rotation.eligibility import DAYS
+    from rotation.models import Membership
+
+    group, (rep,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(max_open=1, active=False)
+    waiting = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json() for _ in range(2)]
+    assert [lead["status"] for lead in waiting] == ["queued", "queued"]  # away (on the test's real clock)
+    Membership.objects.filter(group=group).update(active=True)  # back, but off hours (on the clock below)
+    now = datetime(2026, 3, 4, 8, 58, 20, tzinfo=UTC)  # a Wednesday; 09:00 Paris is 08:00 UTC
+    rep.working_hours = {"wed": [["09:00", "12:00"], ["12:00", "17:30"]], "thu": [["09:00", "17:30"]]}
+    rep.timezone = "Europe/Paris"
+    rep.save()
+
+    sent = []
+    monkeypatch.setattr(scheduling, "publish", lambda name, **options: sent.append((name, options)) or True)
+    assert actions.escalation_arm(now=now) == 0  # (08:59:05, 09:00:20] UTC: no start in Paris
+    start = datetime(2026, 3, 5, 8, 0, tzinfo=UTC)  # Thursday 09:00 in Paris
+    assert DAYS[start.weekday()] == "thu"
+    assert actions.escalation_arm(now=start - timedelta(seconds=100)) == 1
+    ((name, options),) = sent
+    because = f"rep {rep.id}'s working hours began (Europe/Paris)"
+    assert name == scheduling.DRAIN_TASK and options["args"] == [group.id, because]
+    assert options["eta"] == start + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
+    sent.clear()
+    noon = datetime(2026, 3, 5, 11, 0, tzinfo=UTC)  # 12:00 in Paris: one span ends as the next begins
+    assert actions.escalation_arm(now=noon - timedelta(seconds=100)) == 0
+
+    # The worker's drain, once the hours have begun: the lead that waited longest gets the rep.
+    rep.working_hours = None  # (the drain reads the real clock: within hours now)
+    rep.save()
+    assert tasks.drain_group.run(group.id, because) == 1
+    first = Lead.objects.get(pk=waiting[0]["id"])
+    assert first.status == "assigned" and first.owner_id == rep.id
+    event = AuditEvent.objects.get(lead_id=first.id, type="lead.assigned")
+    assert event.explanation["drained_because"] == because
+
+
+def test_arm_publishes_a_drain_for_a_new_day_under_daily_caps(make_group, monkeypatch):
+    from datetime import UTC, datetime
+
+    from rotation.models import Membership
+
+    capped, _ = make_group(1, slug="emea", timezone="Asia/Tokyo")
+    make_group(1, slug="amer", timezone="Asia/Tokyo")  # no daily cap: its day changes nothing
+    Membership.objects.filter(group=capped).update(max_per_day=5)
+    midnight = datetime(2026, 3, 4, 15, 0, tzinfo=UTC)  # 00:00 in Tokyo
+    sent = []
+    monkeypatch.setattr(scheduling, "publish", lambda name, **options: sent.append((name, options)) or True)
+    assert actions.escalation_arm(now=midnight - timedelta(seconds=100)) == 1
+    ((name, options),) = sent
+    assert options["args"] == [
+        capped.id,
+        "a new day began in group 'emea' (Asia/Tokyo): max_per_day caps count afresh",
+    ]
+    assert options["eta"] == midnight + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
+    sent.clear()
+    assert actions.escalation_arm(now=midnight + timedelta(seconds=60)) == 0

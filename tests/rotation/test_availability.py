@@ -10,7 +10,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from leads.models import Assignment, Lead
 from leads.routing import day_start, week_start
-from rotation.eligibility import DAYS, MemberFacts, eligibility, within_working_hours
+from rotation.eligibility import DAYS, MemberFacts, eligibility, within_working_hours, working_hours_starts
 from rotation.models import Absence, Membership, Rep
 from tests.conftest import lead_body
 
@@ -310,3 +310,16 @@ def test_group_day_starts_at_the_first_midnight_when_the_hour_after_it_repeats()
     assert week_start(datetime(2026, 11, 1, 5, 30, tzinfo=UTC), "America/Havana").astimezone(UTC) == datetime(
         2026, 10, 26, 4, 0, tzinfo=UTC
     )
+
+
+def test_working_hours_starts_are_the_moments_a_rep_comes_back():
+    # A night shift split at midnight, and two spans that meet: neither is a coming back.
+    hours = {"mon": [["22:00", "24:00"]], "tue": [["00:00", "06:00"], ["09:00", "12:00"], ["12:00", "13:00"]]}
+    monday = datetime(2026, 3, 2, tzinfo=UTC)
+    starts = working_hours_starts(hours, "UTC", monday, monday + timedelta(days=2))
+    assert starts == [monday.replace(hour=22), monday.replace(day=3, hour=9)]
+    # In the rep's zone, returned in UTC; the window is (low, high].
+    starts = working_hours_starts(hours, "Asia/Tokyo", monday + timedelta(hours=12), monday + timedelta(hours=24))
+    assert starts == [monday.replace(hour=13), monday.replace(day=3, hour=0)]
+    assert working_hours_starts(hours, "UTC", monday.replace(hour=22), monday.replace(hour=23)) == []
+    assert working_hours_starts(None, "UTC", monday, monday + timedelta(days=7)) == []
