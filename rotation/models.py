@@ -90,11 +90,17 @@ class Group(models.Model):
         # "emea" would be two territories no one tells apart. Checked when the group is made
         # (its slug is fixed then), so that a group saved before keeps its edits.
         if self._state.adding and self.slug:
-            taken = Group.objects.filter(slug__iexact=self.slug).exclude(slug=self.slug).first()
-            if taken is not None:
-                raise ValidationError(
-                    {"slug": [f"A group with this slug already exists in another case ('{taken.slug}')."]}
-                )
+            problem = group_slug_taken_in_another_case(self.slug)
+            if problem:
+                raise ValidationError({"slug": [problem]})
+
+
+def group_slug_taken_in_another_case(slug: str) -> str | None:
+    """Why `slug` cannot name a new group because another group has it in another case, or None."""
+    taken = Group.objects.filter(slug__iexact=slug).exclude(slug=slug).first()
+    if taken is None:
+        return None
+    return f"A group with this slug already exists in another case ('{taken.slug}')."
 
 
 class Rep(models.Model):
@@ -126,15 +132,23 @@ class Rep(models.Model):
     def clean(self) -> None:
         from .eligibility import validate_working_hours
 
-        if self.email and Rep.objects.filter(email__iexact=self.email).exclude(pk=self.pk).exists():
-            raise ValidationError(
-                {"email": ["A rep with this e-mail already exists (e-mails are compared without case)."]}
-            )
+        if self.email and (problem := rep_email_taken(self.email, rep_id=self.pk)):
+            raise ValidationError({"email": [problem]})
 
         try:
             self.working_hours = validate_working_hours(self.working_hours)
         except ValueError as exc:
             raise ValidationError({"working_hours": [str(exc)]}) from exc
+
+
+def rep_email_taken(email: str, *, rep_id: int | None) -> str | None:
+    """Why `email` cannot be the address of rep `rep_id` (None: a new rep), or None."""
+    others = Rep.objects.filter(email__iexact=email)
+    if rep_id is not None:
+        others = others.exclude(pk=rep_id)
+    if others.exists():
+        return "A rep with this e-mail already exists (e-mails are compared without case)."
+    return None
 
 
 class Membership(models.Model):

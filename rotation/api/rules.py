@@ -4,6 +4,7 @@ audited services in rotation/services.py."""
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
@@ -137,10 +138,18 @@ class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         model = Absence
         fields = ["id", "starts_at", "ends_at", "reason"]
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs["ends_at"] <= attrs["starts_at"]:
-            raise serializers.ValidationError({"ends_at": ["The end must be after the start (starts_at)."]})
-        return attrs
+    def validate_ends_at(self, value: datetime) -> datetime:
+        # A check of the field, not of validate(), which DRF runs only once every field is valid:
+        # so a 400 names an end before the start together with a bad reason. An invalid start
+        # is named by its own field.
+        raw = self.initial_data.get("starts_at") if isinstance(self.initial_data, dict) else None
+        try:
+            starts_at = self.fields["starts_at"].run_validation(raw)
+        except serializers.ValidationError:
+            return value
+        if value <= starts_at:
+            raise serializers.ValidationError("The end must be after the start (starts_at).")
+        return value
 
 
 @extend_schema_view(

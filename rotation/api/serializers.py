@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from rotation.eligibility import DAYS, validate_working_hours
-from rotation.models import Group, Membership, Rep
+from rotation.models import Group, Membership, Rep, group_slug_taken_in_another_case, rep_email_taken
 from rotation.services import MAX_POSITION
 from routing_project.api import DecimalField, RejectUnknownFieldsMixin, ascii_email
 
@@ -44,6 +44,14 @@ class GroupSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         if self.instance is not None:
             fields["slug"].read_only = True  # the slug names the group in URLs and in the audit
         return fields
+
+    def validate_slug(self, value: str) -> str:
+        # Here as well as in the model's clean(): a field's check, so that a 400 names it
+        # together with every other bad field (the service's full_clean runs only after them).
+        problem = group_slug_taken_in_another_case(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class GroupUpdateSerializer(GroupSerializer):
@@ -90,7 +98,12 @@ class RepSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         fields = ["id", "name", "email", "timezone", "active", "working_hours"]
 
     def validate_email(self, value: str) -> str:
-        return ascii_email(value)
+        value = ascii_email(value)
+        # Also the model's clean(); here, a 400 names it with every other bad field.
+        problem = rep_email_taken(value, rep_id=self.instance.pk if isinstance(self.instance, Rep) else None)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
 
     def validate_working_hours(self, value: Any) -> Any:
         try:
@@ -129,22 +142,31 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
             fields["rep"].read_only = True
         return fields
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+    # Checks of one field each (validate_<field>), not in validate(): DRF runs those of every
+    # field, so a 400 names a rep already in the group or a taken position together with any
+    # other bad field; validate() runs only once every field is valid.
+
+    def validate_rep(self, rep: Rep) -> Rep:
         group: Group = self.context["group"]
-        rep = attrs.get("rep")
-        if self.instance is None and rep is not None and Membership.objects.filter(group=group, rep=rep).exists():
-            raise serializers.ValidationError({"rep": ["This rep is already a member of the group."]})
-        position = attrs.get("position")
-        if position is None and "position" in attrs:
+        if self.instance is None and Membership.objects.filter(group=group, rep=rep).exists():
+            raise serializers.ValidationError("This rep is already a member of the group.")
+        return rep
+
+    def validate_position(self, position: int | None) -> int | None:
+        if position is None:
             if self.instance is not None:  # a member keeps a place: it moves, it is not emptied
-                raise serializers.ValidationError({"position": ["This field may not be null."]})
-            del attrs["position"]
-        if position is not None:
-            taken = Membership.objects.filter(group=group, position=position)
-            if self.instance is not None:
-                taken = taken.exclude(pk=self.instance.pk)
-            if taken.exists():
-                raise serializers.ValidationError({"position": [f"Position {position} is taken in this group."]})
+                raise serializers.ValidationError("This field may not be null.")
+            return None
+        taken = Membership.objects.filter(group=self.context["group"], position=position)
+        if self.instance is not None:
+            taken = taken.exclude(pk=self.instance.pk)
+        if taken.exists():
+            raise serializers.ValidationError(f"Position {position} is taken in this group.")
+        return position
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "position" in attrs and attrs["position"] is None:
+            del attrs["position"]  # left out or null: appended
         return attrs
 
 

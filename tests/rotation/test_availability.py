@@ -323,3 +323,17 @@ def test_working_hours_starts_are_the_moments_a_rep_comes_back():
     assert starts == [monday.replace(hour=13), monday.replace(day=3, hour=0)]
     assert working_hours_starts(hours, "UTC", monday.replace(hour=22), monday.replace(hour=23)) == []
     assert working_hours_starts(None, "UTC", monday, monday + timedelta(days=7)) == []
+
+
+def test_an_absence_ending_before_it_starts_is_named_with_the_other_bad_fields(api, make_group):
+    """The order of the window was checked in validate(), which DRF runs only once every field
+    is valid: with a reason too long as well, the 400 named the reason alone."""
+    _, (rep,) = make_group(1)
+    body = {"starts_at": "2030-01-02T00:00:00Z", "ends_at": "2030-01-01T00:00:00Z", "reason": "x" * 201}
+    r = api.post(f"/api/v1/reps/{rep.id}/absences/", body, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"ends_at", "reason"}, r.content
+    assert "after the start" in r.json()["ends_at"][0]
+    # A start that is not valid is named by itself, without a second word on the end.
+    r = api.post(f"/api/v1/reps/{rep.id}/absences/", {**body, "starts_at": "soon", "reason": ""}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"starts_at"}
+    assert not Absence.objects.exists()

@@ -459,3 +459,41 @@ def test_a_removed_member_leaves_a_snapshot_of_its_settings(api, make_group):
         "position": 0,
     }
     assert removed[b.id]["because"] == "group deleted" and removed[b.id]["before"]["weight"] == 1
+
+
+def test_a_400_names_a_member_already_in_the_group_or_a_taken_position_with_the_other_bad_fields(api, make_group):
+    """Those checks ran in validate(), which DRF runs only once every field is valid: a body with
+    a bad weight too was answered naming the weight alone."""
+    _, (a, _b) = make_group(2, slug="g")
+    newcomer = RepFactory()
+    again = api.post("/api/v1/groups/g/members/", {"rep": a.id, "weight": 0}, format="json")
+    assert again.status_code == 400
+    assert set(again.json()) == {"rep", "weight"} and "already a member" in again.json()["rep"][0]
+    taken = api.post("/api/v1/groups/g/members/", {"rep": newcomer.id, "position": 0, "weight": 0}, format="json")
+    assert taken.status_code == 400
+    assert set(taken.json()) == {"position", "weight"} and "is taken" in taken.json()["position"][0]
+    moved = api.patch(f"/api/v1/groups/g/members/{a.id}/", {"position": 1, "max_open": -1}, format="json")
+    assert moved.status_code == 400 and set(moved.json()) == {"position", "max_open"}
+    emptied = api.patch(f"/api/v1/groups/g/members/{a.id}/", {"position": None, "weight": 0}, format="json")
+    assert emptied.status_code == 400 and set(emptied.json()) == {"position", "weight"}
+    appended = api.post("/api/v1/groups/g/members/", {"rep": newcomer.id, "position": None}, format="json")
+    assert appended.status_code == 201 and appended.json()["position"] == 2
+
+
+def test_a_400_names_a_slug_or_an_email_taken_in_another_case_with_the_other_bad_fields(api, make_group):
+    """Checked by the model's clean() in the service, after the serializer: a body with another
+    bad field was answered naming that field alone."""
+    make_group(0, slug="emea")
+    RepFactory(email="ann@example.com")
+    other = RepFactory()
+    group = api.post("/api/v1/groups/", {"slug": "EMEA", "name": "x", "timezone": "Mars/Olympus"}, format="json")
+    assert group.status_code == 400 and set(group.json()) == {"slug", "timezone"}
+    assert "another case" in group.json()["slug"][0]
+    rep = api.post("/api/v1/reps/", {"name": "", "email": "ANN@example.com"}, format="json")
+    assert rep.status_code == 400 and set(rep.json()) == {"name", "email"}
+    patched = api.patch(f"/api/v1/reps/{other.id}/", {"email": "Ann@Example.com", "timezone": "Nope"}, format="json")
+    assert patched.status_code == 400 and set(patched.json()) == {"email", "timezone"}
+    assert "without case" in patched.json()["email"][0]
+    # A rep's own address in another case is no conflict.
+    mine = api.patch(f"/api/v1/reps/{other.id}/", {"email": other.email.upper()}, format="json")
+    assert mine.status_code == 200, mine.content
