@@ -33,7 +33,14 @@ class ReassignSerializer(StrictSerializer):
     reason = serializers.CharField(max_length=500, help_text="Why, for the audit trail (required).")
 
     def validate_rep(self, value: int) -> int:
-        return _existing_rep(value)
+        # The service checks again under the rep's lock (a deactivation may commit meanwhile);
+        # checked here too, so that a 400 names an inactive rep with any other bad field.
+        active = Rep.objects.filter(pk=value).values_list("active", flat=True).first()
+        if active is None:
+            raise serializers.ValidationError(f"No rep with id {value}.")
+        if not active:
+            raise serializers.ValidationError(f"Rep {value} is inactive.")
+        return value
 
     def validate_reason(self, value: str) -> str:
         ProhibitNullCharactersValidator()(value)
@@ -81,9 +88,9 @@ class LeadPatchSerializer(StrictSerializer):
         for name, value in attrs.items():
             if isinstance(value, str) and "\x00" in value:
                 raise serializers.ValidationError({name: ["NUL characters are not allowed."]})
-        if "email" in attrs:
-            try:
-                attrs["email"] = ascii_email(attrs["email"])
-            except serializers.ValidationError as exc:
-                raise serializers.ValidationError({"email": exc.detail}) from None
         return attrs
+
+    def validate_email(self, value: str) -> str:
+        # A field's check, not validate()'s: a 400 names it with every other bad field.
+        ProhibitNullCharactersValidator()(value)
+        return ascii_email(value)

@@ -521,3 +521,23 @@ def test_a_lead_queued_in_a_weighted_group_leaves_the_weights_as_they_were(api, 
     queued = events(lead["id"], "lead.queued")[0].explanation
     assert queued["current_weights_after"] == queued["current_weights_before"]
     assert RotationState.objects.get(group=group).current_weights == queued["current_weights_before"]
+
+
+def test_a_reassign_to_an_inactive_rep_names_the_rep_with_the_other_bad_fields(api, make_group):
+    """The service refused the inactive rep only after the body validated: with a blank reason
+    too, the 400 named the reason alone."""
+    group, reps = make_group(2, slug="emea")
+    lead = post(api, group="emea")
+    reps[1].active = False
+    reps[1].save()
+    r = api.post(f"/api/v1/leads/{lead['id']}/reassign/", {"rep": reps[1].id, "reason": " "}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"rep", "reason"}, r.content
+    assert "inactive" in r.json()["rep"][0]
+    assert len(events(lead["id"])) == 2  # received, assigned: nothing written
+
+
+def test_a_lead_patch_names_an_email_that_cannot_be_ascii_with_the_other_bad_fields(api, make_group):
+    make_group(1, slug="emea")
+    lead = post(api, group="emea")
+    r = api.patch(f"/api/v1/leads/{lead['id']}/", {"email": "jos\u0130@example.com", "score": 101}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"email", "score"}, r.content
