@@ -198,18 +198,19 @@ def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupCon
     `rules` (replacing the active rules)."""
     groups = _current_groups()
     errors: list[str] = []
-    if group is not None and group not in groups:
-        raise ReplayError({"group": [f"No group with slug '{group}'."]})
+    # An unknown group and the configuration's problems are named together (one 400 naming
+    # every bad field); the overrides meant for an unknown group cannot be checked.
+    unknown_group = {"group": [f"No group with slug '{group}'."]} if group is not None and group not in groups else {}
     config = {} if config is None else config
     if not isinstance(config, dict):
-        raise ReplayError({"config": ["Must be an object (strategy, members, groups, rules)."]})
+        raise ReplayError({**unknown_group, "config": ["Must be an object (strategy, members, groups, rules)."]})
     for key in sorted(set(config) - CONFIG_KEYS):
         errors.append(f"unknown key '{key}' (use {', '.join(sorted(CONFIG_KEYS))}).")
     own = {k: v for k, v in config.items() if k in GROUP_OVERRIDES}
     if own:
         if group is None:
             errors.append("strategy and members apply to the replayed group: name it in 'group' (or use 'groups').")
-        else:
+        elif not unknown_group:
             _apply_group(groups[group], own, group, errors)
     per_group = config.get("groups", {})
     if not isinstance(per_group, dict):
@@ -261,8 +262,8 @@ def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupCon
                     # Ids rising in the order listed: a priority tie goes to the rule listed
                     # first, as routing gives it to the rule saved first (the list's order).
                     rules.append(RuleSpec(i - len(config["rules"]), name, priority, conditions, spec["group"]))
-    if errors:
-        raise ReplayError({"config": errors})
+    if errors or unknown_group:
+        raise ReplayError({**unknown_group, **({"config": errors} if errors else {})})
     return groups, rules
 
 

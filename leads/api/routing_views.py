@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from leads.replay import ReplayError, routing_replay
+from leads.replay import ReplayError, replay_config, routing_replay
 from leads.simulate import routing_simulate
 from rotation.models import Group, Strategy
 
@@ -132,6 +132,18 @@ REPLAY_RESPONSE = inline_serializer(
 )
 
 
+def _with_configuration_errors(errors: dict[str, Any], body: Any) -> dict[str, Any]:
+    """The serializer's errors and those of the group and configuration checks (replay_config),
+    which need no valid window: a 400 names every bad field, not only the first ones found."""
+    if "non_field_errors" in errors or "group" in errors or "config" in errors or not isinstance(body, dict):
+        return errors
+    try:
+        replay_config(config=body.get("config"), group=body.get("group"))
+    except ReplayError as exc:
+        return {**errors, **exc.errors}
+    return errors
+
+
 class ReplayView(APIView):
     """What-if: routes the decisions of a past window again, in memory, through the current or
     a proposed configuration, and returns per-rep counts actual vs proposed. Writes nothing."""
@@ -144,7 +156,8 @@ class ReplayView(APIView):
     )
     def post(self, request: Request) -> Response:
         incoming = ReplayInSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
+        if not incoming.is_valid():
+            raise serializers.ValidationError(_with_configuration_errors(dict(incoming.errors), request.data))
         data = incoming.validated_data
         try:
             result = routing_replay(

@@ -650,6 +650,22 @@ def test_bad_replay_is_400_naming_the_problem(api, make_group, body, field, mess
     assert message in json.dumps(r.json()[field])
 
 
+def test_a_bad_replay_names_every_bad_field_at_once(api, make_group):
+    """The group and the configuration were checked only once the window was valid, and the
+    configuration only once the group was: each 400 named the first problem found."""
+    make_group(1, slug="pool")
+    window = {"since": "2020-01-01T00:00:00Z", "until": "2100-01-01T00:00:00Z"}
+    both = api.post(
+        "/api/v1/routing/replay/", {**window, "group": "nope", "config": {"colour": 1}}, format="json"
+    ).json()
+    assert set(both) == {"group", "config"} and "unknown key 'colour'" in both["config"][0]
+    bad_window = {"since": "yesterday", "until": window["until"]}
+    r = api.post("/api/v1/routing/replay/", {**bad_window, "group": "nope", "config": [1]}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"since", "group", "config"}, r.content
+    r = api.post("/api/v1/routing/replay/", {**bad_window, "group": "pool", "config": {}}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"since"}
+
+
 def test_replay_needs_manage_scope(api_with):
     r = api_with(["intake", "read"]).post("/api/v1/routing/replay/", {}, format="json")
     assert r.status_code == 403
