@@ -19,6 +19,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import generics, mixins, serializers, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import APIException
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -113,6 +114,17 @@ def _body_read(request: HttpRequest) -> bool:
     return True
 
 
+def _body_errors(request: Request) -> dict[str, Any]:
+    """The body's bad fields, for a 400 that names every bad field also when the request is
+    refused for its Idempotency-Key; none when the body cannot be read as JSON (the key's 400
+    is answered then, as before)."""
+    try:
+        incoming = LeadInSerializer(data=request.data)
+        return {} if incoming.is_valid() else dict(incoming.errors)
+    except APIException:  # a body that is not JSON, too large: its own answer once the key is right
+        return {}
+
+
 def render_lead(lead: Lead, duplicate_of: int | None) -> bytes:
     return JSONRenderer().render(lead_document(lead, duplicate_of))
 
@@ -190,7 +202,9 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
         """Takes a lead in and routes it, in one locked transaction."""
         key = request.headers.get("Idempotency-Key")
         if key is not None and not _printable_key(key):
-            raise serializers.ValidationError({"Idempotency-Key": ["Must be 1-255 printable ASCII characters."]})
+            raise serializers.ValidationError(
+                {**_body_errors(request), "Idempotency-Key": ["Must be 1-255 printable ASCII characters."]}
+            )
         client = request.auth
         assert isinstance(client, ApiClient)  # HasScope let the request through
         claim = None

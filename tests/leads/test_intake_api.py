@@ -494,6 +494,15 @@ def test_bad_idempotency_key_is_a_400(api, key):
     assert "Idempotency-Key" in r.json()
 
 
+def test_a_bad_idempotency_key_is_named_with_the_bad_fields_of_the_body(api):
+    """The key was refused before the body was read: a 400 naming the key alone, and the
+    client's next try, with a good key, a second 400 for the fields."""
+    r = api.post("/api/v1/leads/", {"email": "nope", "colour": "red"}, format="json", headers={"Idempotency-Key": ""})
+    assert r.status_code == 400
+    assert set(r.json()) == {"Idempotency-Key", "email", "colour"}
+    assert not Lead.objects.exists()
+
+
 def test_failed_request_releases_its_key(api, make_group):
     make_group(1, slug="emea")
     body = lead_body(group="emea")
