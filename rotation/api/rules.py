@@ -92,6 +92,10 @@ class RuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 
     def validate_conditions(self, value: Any) -> list[dict[str, Any]]:
         """A rule that cannot be evaluated cannot be saved: every problem is named."""
+        if value == []:
+            # Refused by the model too ("cannot be blank"), but only once the service saves,
+            # after every field is valid: here, a 400 names it with the other bad fields.
+            raise serializers.ValidationError("A rule needs at least one condition.")
         try:
             return validate_conditions(value)
         except RuleError as exc:

@@ -380,6 +380,20 @@ def test_bad_rule_is_400_naming_the_problem(api, make_group, patch, field, messa
 
 
 @pytest.mark.django_db
+def test_a_rule_without_conditions_is_named_with_the_other_bad_fields(api, make_group):
+    """The model refuses an empty list ("cannot be blank"), but only when the service saves,
+    once every field is valid: with a bad priority too, the 400 named the priority alone."""
+    make_group(1, slug="emea")
+    r = api.post("/api/v1/rules/", {**RULE, "conditions": [], "priority": -1}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"conditions", "priority"}, r.content
+    assert "at least one condition" in r.json()["conditions"][0]
+    rule = api.post("/api/v1/rules/", RULE, format="json").json()
+    r = api.patch(f"/api/v1/rules/{rule['id']}/", {"conditions": [], "group": "nowhere"}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"conditions", "group"}, r.content
+    assert RoutingRule.objects.get().conditions == RULE["conditions"]
+
+
+@pytest.mark.django_db
 def test_huge_numbers_in_rules_and_leads_are_not_a_500(api, make_group):
     make_group(1, slug="emea")
     r = api.post(
