@@ -8,6 +8,26 @@ from typing import Any
 
 import django_filters
 from django import forms
+from django.db.models import QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+
+class FilterBackend(DjangoFilterBackend):
+    """django-filter's backend, whose 400 also names the bad page parameters: a list request
+    is checked whole, not its filters first and its paging on the next try."""
+
+    def filter_queryset(self, request: Request, queryset: QuerySet[Any], view: APIView) -> QuerySet[Any]:
+        try:
+            return super().filter_queryset(request, queryset, view)
+        except ValidationError as exc:
+            paginator = getattr(view, "paginator", None)
+            query_errors = getattr(paginator, "query_errors", None)
+            if query_errors is None or not isinstance(exc.detail, dict):
+                raise
+            raise ValidationError({**exc.detail, **query_errors(request)}) from None
 
 
 class StrictFilterSet(django_filters.FilterSet):

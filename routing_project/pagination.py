@@ -10,28 +10,26 @@ class Pagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
 
-    def get_page_size(self, request: Request) -> int:
-        """A page size that is not a whole number from 1 to 500 is a 400 naming it (not
-        silently replaced by the default)."""
-        raw = request.query_params.getlist(self.page_size_query_param)
-        if not raw:
-            return self.page_size
-        value = raw[-1]
-        if len(raw) > 1 or not value.isascii() or not value.isdigit() or not 1 <= int(value) <= self.max_page_size:
-            raise ValidationError({"page_size": [f"A whole number from 1 to {self.max_page_size}."]})
-        return int(value)
+    def query_errors(self, request: Request) -> dict[str, list[str]]:
+        """The page parameters' problems, both named at once: a page size that is not a whole
+        number from 1 to 500 (never silently replaced by the default), a page number that is
+        not a whole number from 1 (or `last`; an empty `?page=` is not read as page 1)."""
+        errors: dict[str, list[str]] = {}
+        sizes = request.query_params.getlist(self.page_size_query_param)
+        if sizes and not _whole(sizes, least=1, most=self.max_page_size):
+            errors[self.page_size_query_param] = [f"A whole number from 1 to {self.max_page_size}."]
+        pages = request.query_params.getlist(self.page_query_param)
+        if pages and pages[-1] not in self.last_page_strings and not _whole(pages, least=1):
+            errors[self.page_query_param] = ["A whole number from 1."]
+        return errors
 
-    def get_page_number(self, request: Request, paginator: Any) -> Any:
-        """A page number that is not a whole number from 1 (or `last`) is a 400 naming it; an
-        empty `?page=` is not read as page 1. A page past the end stays a 404, as in DRF."""
-        raw = request.query_params.getlist(self.page_query_param)
-        if raw:
-            value = raw[-1]
-            if value not in self.last_page_strings and (
-                len(raw) > 1 or not value.isascii() or not value.isdigit() or int(value) < 1
-            ):
-                raise ValidationError({self.page_query_param: ["A whole number from 1."]})
-        return super().get_page_number(request, paginator)
+    def get_page_size(self, request: Request) -> int:
+        # Read first when a page is made (before the page number): a 400 names both.
+        errors = self.query_errors(request)
+        if errors:
+            raise ValidationError(errors)
+        raw = request.query_params.getlist(self.page_size_query_param)
+        return int(raw[-1]) if raw else self.page_size
 
     def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
         parameters = super().get_schema_operation_parameters(view)
@@ -41,3 +39,11 @@ class Pagination(PageNumberPagination):
             elif parameter["name"] == self.page_query_param:
                 parameter["schema"].update({"minimum": 1})
         return parameters
+
+
+def _whole(values: list[str], *, least: int, most: int | None = None) -> bool:
+    """One value, a whole number in ASCII digits from `least` (to `most`)."""
+    value = values[-1]
+    if len(values) > 1 or not value.isascii() or not value.isdigit():
+        return False
+    return least <= int(value) and (most is None or int(value) <= most)

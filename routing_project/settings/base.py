@@ -376,7 +376,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "routing_project.api.ContentNegotiation",
     "DEFAULT_PAGINATION_CLASS": "routing_project.pagination.Pagination",
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["routing_project.filters.FilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "routing_project.exceptions.api_exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["leads.api.throttles.ClientRateThrottle"],

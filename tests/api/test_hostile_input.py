@@ -83,6 +83,29 @@ def test_empty_repeated_or_out_of_range_parameters_are_400s(api, path, query):
     assert query.split("=")[0] in r.json()
 
 
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("status=bad&owner=x&page=0&page_size=0", {"status", "owner", "page", "page_size"}),
+        ("created_after=soon&page_size=501", {"created_after", "page_size"}),
+        ("page=0&page_size=0", {"page", "page_size"}),
+        ("page=last&page_size=ten", {"page_size"}),
+    ],
+)
+@pytest.mark.parametrize("path", ["/api/v1/leads/", "/api/v1/queue/"])
+def test_a_400_names_every_bad_filter_and_page_parameter(api, path, query, named):
+    """The filters were checked first and the page parameters only once they passed: each
+    400 named some of the bad parameters, the next try the others."""
+    r = api.get(f"{path}?{query}")
+    assert r.status_code == 400 and set(r.json()) == named, r.content
+
+
+def test_page_parameters_alone_are_named_together_on_every_list(api):
+    for path in ("/api/v1/rules/", "/api/v1/groups/", "/api/v1/reps/"):
+        r = api.get(f"{path}?page=x&page_size=x")
+        assert r.status_code == 400 and set(r.json()) == {"page", "page_size"}, (path, r.content)
+
+
 @pytest.mark.parametrize("owner", ["\u0661", "1.0", "+1", "1_0"])
 @pytest.mark.parametrize("path", ["/api/v1/leads/", "/api/v1/queue/"])
 def test_an_owner_filter_is_a_rep_id_written_in_ascii_digits(api, path, owner):
