@@ -137,11 +137,16 @@ def _current_groups() -> dict[str, GroupConfig]:
     return groups
 
 
-def _count(value: Any, name: str, minimum: int, allow_null: bool) -> int | None:
+# A member's overrides as a saved member takes them (the model's and the API's limits): a
+# proposal is one that could be saved.
+_MEMBER_COUNTS = (("weight", 1, 1000, False), ("max_open", 0, 1_000_000, True), ("max_per_day", 0, 1_000_000, True))
+
+
+def _count(value: Any, name: str, minimum: int, maximum: int, allow_null: bool) -> int | None:
     if value is None and allow_null:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value > 1_000_000:
-        raise ValueError(f"{name} must be an integer from {minimum} to 1000000{' or null' if allow_null else ''}.")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value > maximum:
+        raise ValueError(f"{name} must be an integer from {minimum} to {maximum}{' or null' if allow_null else ''}.")
     return value
 
 
@@ -173,22 +178,22 @@ def _apply_group(group: GroupConfig, spec: Any, where: str, errors: list[str]) -
         if not isinstance(override, dict):
             errors.append(f"{where}.members.{rep_id}: an object of {', '.join(sorted(MEMBER_OVERRIDES))}.")
             continue
-        for name in sorted(set(override) - MEMBER_OVERRIDES):
-            errors.append(f"{where}.members.{rep_id}: unknown key '{name}'.")
-        try:
-            changes: dict[str, Any] = {}
-            if "weight" in override:
-                changes["weight"] = _count(override["weight"], "weight", 1, False)
-            for cap in ("max_open", "max_per_day"):
-                if cap in override:
-                    changes[cap] = _count(override[cap], cap, 0, True)
-            if "active" in override:
-                if not isinstance(override["active"], bool):
-                    raise ValueError("active must be true or false.")
-                group.active_override[rep_id] = override["active"]
-        except ValueError as exc:
-            errors.append(f"{where}.members.{rep_id}: {exc}")
+        # Every problem of the member named, not only its first.
+        problems = [f"unknown key '{name}'." for name in sorted(set(override) - MEMBER_OVERRIDES)]
+        changes: dict[str, Any] = {}
+        for name, minimum, maximum, allow_null in _MEMBER_COUNTS:
+            if name in override:
+                try:
+                    changes[name] = _count(override[name], name, minimum, maximum, allow_null)
+                except ValueError as exc:
+                    problems.append(str(exc))
+        if "active" in override and not isinstance(override["active"], bool):
+            problems.append("active must be true or false.")
+        if problems:
+            errors.extend(f"{where}.members.{rep_id}: {problem}" for problem in problems)
             continue
+        if "active" in override:
+            group.active_override[rep_id] = override["active"]
         group.members[rep_id] = replace(member, **changes)
 
 
@@ -234,28 +239,27 @@ def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupCon
                     continue
                 # The rules as GET /api/v1/rules/ lists them may be sent back edited: `id` is
                 # ignored and a rule with `active: false` is left out, as routing leaves it out.
-                unknown = sorted(set(spec) - RULE_KEYS)
-                if unknown:
-                    errors.append(f"{where}: unknown key '{unknown[0]}' (use {', '.join(sorted(RULE_KEYS))}).")
-                    continue
+                # Every problem of the rule is named, not only its first.
+                keys = ", ".join(sorted(RULE_KEYS))
+                problems = [f"unknown key '{key}' (use {keys})." for key in sorted(set(spec) - RULE_KEYS)]
                 if spec["group"] not in groups:
-                    errors.append(f"{where}: no group with slug '{spec['group']}'.")
-                    continue
+                    problems.append(f"no group with slug '{spec['group']}'.")
                 priority = spec.get("priority", 100)
                 if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 1_000_000:
-                    errors.append(f"{where}: priority must be an integer from 0 to 1000000.")
-                    continue
+                    problems.append("priority must be an integer from 0 to 1000000.")
                 active = spec.get("active", True)
                 if not isinstance(active, bool):
-                    errors.append(f"{where}: active must be true or false.")
-                    continue
+                    problems.append("active must be true or false.")
+                conditions: list[dict[str, Any]] = []
                 if spec.get("conditions") == []:
-                    errors.append(f"{where}: a rule needs at least one condition (as a saved rule does).")
-                    continue
-                try:
-                    conditions = validate_conditions(spec.get("conditions"))
-                except RuleError as exc:
-                    errors.extend(f"{where}: {m}" for m in exc.messages)
+                    problems.append("a rule needs at least one condition (as a saved rule does).")
+                else:
+                    try:
+                        conditions = validate_conditions(spec.get("conditions"))
+                    except RuleError as exc:
+                        problems.extend(exc.messages)
+                if problems:
+                    errors.extend(f"{where}: {problem}" for problem in problems)
                     continue
                 if active:
                     name = str(spec.get("name") or where)

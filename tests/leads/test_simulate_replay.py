@@ -666,6 +666,42 @@ def test_a_bad_replay_names_every_bad_field_at_once(api, make_group):
     assert r.status_code == 400 and set(r.json()) == {"since"}
 
 
+def test_a_bad_proposed_member_or_rule_is_named_with_each_of_its_problems(api, make_group):
+    """Each member's and each rule's first problem was named alone: a weight and an `active`
+    both wrong took two tries to learn."""
+    _, (a,) = make_group(1, slug="pool")
+    window = {"since": "2020-01-01T00:00:00Z", "until": "2100-01-01T00:00:00Z"}
+    member = {"weight": 0, "max_open": -1, "active": "yes", "speed": 1}
+    r = api.post(
+        "/api/v1/routing/replay/",
+        {**window, "group": "pool", "config": {"members": {str(a.id): member}}},
+        format="json",
+    )
+    assert r.status_code == 400
+    problems = " ".join(r.json()["config"])
+    for said in ("unknown key 'speed'", "weight must be", "max_open must be", "active must be"):
+        assert said in problems, (said, problems)
+    rule = {"name": "x", "priority": -1, "active": "no", "conditions": [], "group": "nope", "enabled": True}
+    r = api.post("/api/v1/routing/replay/", {**window, "config": {"rules": [rule]}}, format="json")
+    assert r.status_code == 400
+    problems = " ".join(r.json()["config"])
+    for said in ("unknown key 'enabled'", "no group", "priority must be", "active must be", "at least one"):
+        assert said in problems, (said, problems)
+
+
+def test_a_proposed_weight_is_one_a_member_could_be_saved_with(api, make_group):
+    """A member's weight is at most 1000 (the model, the API): a proposal of 5000 was replayed
+    as if the group could be configured so."""
+    _, (a,) = make_group(1, slug="pool")
+    window = {"since": "2020-01-01T00:00:00Z", "until": "2100-01-01T00:00:00Z"}
+    body = {**window, "group": "pool", "config": {"members": {str(a.id): {"weight": 5000}}}}
+    r = api.post("/api/v1/routing/replay/", body, format="json")
+    assert r.status_code == 400 and "weight must be an integer from 1 to 1000" in r.json()["config"][0]
+    assert api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"weight": 5000}, format="json").status_code == 400
+    body["config"]["members"][str(a.id)]["weight"] = 1000
+    assert api.post("/api/v1/routing/replay/", body, format="json").status_code == 200
+
+
 def test_replay_needs_manage_scope(api_with):
     r = api_with(["intake", "read"]).post("/api/v1/routing/replay/", {}, format="json")
     assert r.status_code == 403
