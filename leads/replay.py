@@ -242,6 +242,9 @@ def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupCon
                 # Every problem of the rule is named, not only its first.
                 keys = ", ".join(sorted(RULE_KEYS))
                 problems = [f"unknown key '{key}' (use {keys})." for key in sorted(set(spec) - RULE_KEYS)]
+                name = spec.get("name")
+                if name is not None and not (isinstance(name, str) and 0 < len(name) <= 200):
+                    problems.append("name must be text of 1 to 200 characters.")  # as a saved rule's
                 if spec["group"] not in groups:
                     problems.append(f"no group with slug '{spec['group']}'.")
                 priority = spec.get("priority", 100)
@@ -262,7 +265,7 @@ def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupCon
                     errors.extend(f"{where}: {problem}" for problem in problems)
                     continue
                 if active:
-                    name = str(spec.get("name") or where)
+                    name = name or where
                     # Ids rising in the order listed: a priority tie goes to the rule listed
                     # first, as routing gives it to the rule saved first (the list's order).
                     rules.append(RuleSpec(i - len(config["rules"]), name, priority, conditions, spec["group"]))

@@ -681,11 +681,11 @@ def test_a_bad_proposed_member_or_rule_is_named_with_each_of_its_problems(api, m
     problems = " ".join(r.json()["config"])
     for said in ("unknown key 'speed'", "weight must be", "max_open must be", "active must be"):
         assert said in problems, (said, problems)
-    rule = {"name": "x", "priority": -1, "active": "no", "conditions": [], "group": "nope", "enabled": True}
+    rule = {"name": ["x"], "priority": -1, "active": "no", "conditions": [], "group": "nope", "enabled": True}
     r = api.post("/api/v1/routing/replay/", {**window, "config": {"rules": [rule]}}, format="json")
     assert r.status_code == 400
     problems = " ".join(r.json()["config"])
-    for said in ("unknown key 'enabled'", "no group", "priority must be", "active must be", "at least one"):
+    for said in ("unknown key 'enabled'", "name must be", "no group", "priority must be", "active must be", "at least"):
         assert said in problems, (said, problems)
 
 
