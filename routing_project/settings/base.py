@@ -414,7 +414,6 @@ API_RATE_LIMIT_PER_MINUTE = env.int("API_RATE_LIMIT_PER_MINUTE", default=60000)
 # (SQLite files; atomic increments across processes), not the per-process default.
 if not REDIS_URL:
     CACHES = {"default": {"BACKEND": "diskcache.DjangoCache", "LOCATION": str(VAR_DIR / "cache")}}
-# Failed logins allowed per (username, address) and per address in 15 minutes.
 # Fernet keys that encrypt the HMAC secrets kept in the database (security/fields.py): the
 # first encrypts, all decrypt. Empty: one derived from SECRET_KEY (then changing SECRET_KEY
 # makes the stored secrets unreadable; production should set these).
@@ -431,6 +430,7 @@ for _key in SECRET_BOX_KEYS:
         ) from None
 # Signed intake: bad signatures allowed per client address and minute before 429.
 HOOK_SIGNATURE_FAILURES_PER_ADDRESS = env.int("HOOK_SIGNATURE_FAILURES_PER_ADDRESS", default=20)
+# Failed logins allowed per (username, address) and per address in 15 minutes.
 LOGIN_FAILURES_PER_USER = env.int("LOGIN_FAILURES_PER_USER", default=5)
 LOGIN_FAILURES_PER_ADDRESS = env.int("LOGIN_FAILURES_PER_ADDRESS", default=50)
 AUTHENTICATION_BACKENDS = ["security.login.ThrottledModelBackend"]
