@@ -28,7 +28,7 @@ PERIODS = {
 
 
 def dashboard_page(request: HttpRequest) -> HttpResponse:
-    """Per group: each rep's share of assignments against its weight share, median time to
+    """Per group: each rep's share of assignments against its fair share, median time to
     accept, SLA breaches, and the queue depth over the period."""
     if not request.user.has_perm("leads.view_lead"):
         raise PermissionDenied
