@@ -54,6 +54,35 @@ _CONTACT_PARAM = re.compile(
     r"(?:(?!%26)[^&;\s\"'<>])+"
 )
 
+# PostgreSQL writes the values of the row at fault into a constraint error's DETAIL: every
+# column of a lead (names, company, phone in any shape, the raw payload) for a check or
+# not-null violation ("Failing row contains (...)"), the key's values for a unique violation
+# ("Key (col)=(...) already exists"); the text it could not read as a number or a date; and
+# a quote of the statement, its values inlined (psycopg binds them on the client), under
+# "LINE n:". The error reaches a log line in a traceback, in django.request's record of a 500
+# and in a Celery task's failure or retry message (as its repr: one line, its newlines
+# written \n). The values go, to the end of the line; the constraint and the columns stay.
+_TO_LINE_END = r".*?(?=\\n|$)"
+# Each pattern matches wherever it starts (to the end of the line when its end is missing):
+# a line a client can shape ("Key (" 10,000 times) is scanned once, not once per start.
+_DATABASE_VALUES = [
+    (re.compile(r"(Failing row contains )\(.*?(?:\)(?=\.?(?:\\n|$))|$)", re.MULTILINE), rf"\1({REDACTED})"),
+    (
+        # A foreign key's id ("Key (owner_id)=(12) is not present in table") is no contact data.
+        re.compile(
+            r"(\b[Kk]ey \((?:[^()]|\([^()]*\))*\)=)(?!\(\d+\) is not present)"
+            r"\(.*?(?:\)(?= already exists| conflicts with| is not present|\.?(?:\\n|$))|$)",
+            re.MULTILINE,
+        ),
+        rf"\1({REDACTED})",
+    ),
+    (
+        re.compile(rf"(invalid input (?:syntax|value) for [^:\n]{{1,64}}: ){_TO_LINE_END}", re.MULTILINE),
+        rf"\1{REDACTED}",
+    ),
+    (re.compile(rf"(LINE \d+: ){_TO_LINE_END}", re.MULTILINE), rf"\1{REDACTED}"),
+]
+
 # A run of characters a URL (a request line, a query string) keeps together.
 _URL_TOKEN = re.compile(r"[^\s\"'<>]+")
 _PLUS_BETWEEN_DIGITS = re.compile(r"(?<=\d)\+(?=\d)")
@@ -73,6 +102,8 @@ def _url_phones(match: re.Match[str]) -> str:
 
 
 def redact(text: str) -> str:
+    for pattern, replacement in _DATABASE_VALUES:
+        text = pattern.sub(replacement, text)
     text = _CONTACT_PARAM.sub(rf"\1{REDACTED}", text)
     for pattern in _PATTERNS:
         text = pattern.sub(REDACTED, text)

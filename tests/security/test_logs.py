@@ -10,9 +10,12 @@ import logging
 import time
 
 import pytest
+from django.db import DataError, IntegrityError, connection, transaction
 from django.test import Client
 
 from hooks import services as hook_services
+from leads.models import Lead
+from routing_project.logging import JsonFormatter
 from security.redaction import RedactingFilter, redact
 from tests.factories import api_client_with
 
@@ -248,5 +251,75 @@ def test_a_long_line_without_an_address_is_redacted_in_linear_time():
 
     started = time.perf_counter()
     for line in ("x." * 20_000 + "@", "a%" * 20_000 + "@b", "\\x41" * 10_000 + "@c"):
+        redact(line)
+    assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.django_db
+def test_a_database_error_quoting_a_leads_values_reaches_no_log_line(make_group, post_lead):
+    """PostgreSQL quotes the row at fault in a constraint error ("Failing row contains (...)":
+    every column of the lead) and the text it could not read (with the statement, its values
+    inlined): a traceback, a 500's record or a Celery task's failure message ("raised
+    unexpected: %r") carried the lead's names, company and a phone in its national shape."""
+    make_group(1, slug="emea", is_default=True)
+    national = "020 7946 0958"  # a shape the phone patterns do not know
+    created = post_lead(email=EMAIL, first_name=FIRST, last_name=LAST, company=COMPANY, phone=national)
+    assert created.status_code == 201
+    errors: list[Exception] = []
+    try:
+        with transaction.atomic():  # an assigned lead queued with its owner: queued_lead_has_no_owner
+            Lead.objects.filter(pk=created.json()["id"]).update(status="queued")
+    except IntegrityError as exc:
+        errors.append(exc)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT %s::integer", [COMPANY])
+    except DataError as exc:
+        errors.append(exc)
+    assert len(errors) == 2 and FIRST in str(errors[0]) and COMPANY in str(errors[1])  # what the filter is for
+
+    for error in errors:
+        as_traceback = logging.LogRecord(
+            "leads.actions", logging.ERROR, __file__, 1, "escalation failed", None, (type(error), error, None)
+        )
+        as_task_failure = logging.LogRecord(
+            "celery.app.trace", logging.ERROR, __file__, 1, "Task x[1] raised unexpected: %r", (error,), None
+        )
+        as_task_failure.data = {"exc": repr(error)}  # Celery's structured context
+        for record in (as_traceback, as_task_failure):
+            RedactingFilter().filter(record)
+            line = JsonFormatter().format(record)
+            for value in (FIRST, LAST, COMPANY, national, EMAIL):
+                assert value.lower() not in line.lower(), line
+            # What an operator needs stays: the error, the constraint, the type.
+            assert "queued_lead_has_no_owner" in line or "invalid input syntax for type integer" in line, line
+
+
+@pytest.mark.parametrize(
+    ("detail", "kept"),
+    [
+        ("Key (lower(email::text))=(020 7946 0958) already exists.", "Key (lower(email::text))=([redacted]) already"),
+        (
+            "Key (phone)=(020 7946 0958) conflicts with existing key (phone)=(020 7946 0958).",
+            "key (phone)=([redacted]).",
+        ),
+        ('Key (owner_id)=(12) is not present in table "rotation_rep".', "Key (owner_id)=(12) is not present"),
+    ],
+)
+def test_the_filter_redacts_a_keys_values_and_keeps_ids(detail, kept):
+    assert "7946" not in redact(detail) and kept in redact(detail)
+
+
+def test_database_values_are_redacted_in_linear_time():
+    import time
+
+    started = time.perf_counter()
+    for line in (
+        "Failing row contains (" * 5_000,
+        "Key (a)=(" * 5_000,
+        "Key (" * 10_000,
+        "LINE 1: x" * 5_000,
+        "invalid input syntax for " * 5_000,
+    ):
         redact(line)
     assert time.perf_counter() - started < 1.0
