@@ -54,6 +54,7 @@ from routing_project import metrics
 from routing_project.api import json_loads_client
 from routing_project.bulkdb import ids_reserve, rows_insert, supports_copy
 from routing_project.db import set_lock_timeout
+from routing_project.logging import request_id_var
 
 from . import notify, ownership, routing, scheduling
 from .api.serializers import LeadInSerializer
@@ -213,17 +214,35 @@ def leads_import(
     """Imports and routes the leads of a CSV stream (an open text file, newline="").
 
     `parallel`: validate in a forked process (the command line); else in a thread.
-    `progress(rows)` is called after each batch with the rows it read."""
-    steps = leads_import_steps(
-        lines=lines, actor=actor, batch_size=batch_size, notify_reps=notify_reps, parallel=parallel
-    )
-    while True:
-        try:
-            read = next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        if progress:
-            progress(read)
+    `progress(rows)` is called after each batch with the rows it read.
+
+    Outside a request (the command line), the import id is the request id of every log line
+    while it runs, as it is of its audit events: one id finds both, as a task's id does."""
+    import_id = new_import_id()
+    token = request_id_var.set(import_id) if request_id_var.get() == "-" else None
+    try:
+        steps = leads_import_steps(
+            lines=lines,
+            actor=actor,
+            batch_size=batch_size,
+            notify_reps=notify_reps,
+            parallel=parallel,
+            import_id=import_id,
+        )
+        while True:
+            try:
+                read = next(steps)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if progress:
+                progress(read)
+    finally:
+        if token is not None:
+            request_id_var.reset(token)
+
+
+def new_import_id() -> str:
+    return f"import-{uuid.uuid4().hex[:12]}"
 
 
 def leads_import_steps(
@@ -233,12 +252,13 @@ def leads_import_steps(
     batch_size: int = BATCH_SIZE,
     notify_reps: bool = True,
     parallel: bool = False,
+    import_id: str | None = None,
 ) -> Generator[int, None, ImportReport]:
     """`leads_import` one batch at a time: yields the rows each batch read once it is routed
     and committed, and returns the report (for a page that shows its progress as it goes).
     A bad header raises ImportFormatError at the first step; stopped early (closed), the
     batches already committed stay, as after an import cut short."""
-    report = ImportReport(import_id=f"import-{uuid.uuid4().hex[:12]}")
+    report = ImportReport(import_id=import_id or new_import_id())
     reader = csv.reader(lines, strict=True)
     header: list[str] = []
     start = 1
@@ -752,7 +772,11 @@ def _route_batch_locked(
             "line": row.line,
         }
         events.append(Event(AuditEvent.Type.LEAD_DUPLICATE, actor, target_id, dup_slug, dup_owner, explanation))
-    audit_record_bulk(events=events, request_id=report.import_id)
+    # The request's id when one runs the import (the admin's upload page: its access line, its
+    # log lines and its events share one id), else the import's; the import id is in each
+    # event's explanation either way.
+    request_id = request_id_var.get()
+    audit_record_bulk(events=events, request_id=report.import_id if request_id == "-" else request_id)
     if notify_reps and assigned:
         outbox_add_many(
             messages=[

@@ -2,6 +2,7 @@
 batches under one rotation lock per group per batch, with intake's audit explanation."""
 
 import io
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -18,6 +19,7 @@ from leads.models import Assignment, Lead
 from notifications.models import OutboxMessage
 from rotation import services
 from rotation.models import Membership, RotationState, RoutingRule
+from routing_project.logging import RequestIdFilter, request_id_var
 from tests.factories import GroupFactory, RepFactory
 
 pytestmark = pytest.mark.django_db
@@ -692,3 +694,20 @@ def test_count_rows_counts_lines_of_any_ending(tmp_path: Path):
     path = tmp_path / "cr.csv"
     path.write_bytes(b"email\ra@x.example\rb@x.example\r")
     assert count_rows(str(path)) == 2
+
+
+def test_an_imports_log_lines_carry_its_import_id_as_its_events_do(make_group, caplog):
+    """Run from the command line (no request), an import's lines carried no id at all: nothing
+    tied a warning of the import (a batch retried, the broker down) to the leads it wrote."""
+    make_group(2, slug="emea")
+    caplog.handler.addFilter(RequestIdFilter())
+
+    def progress(rows: int) -> None:
+        logging.getLogger("leads.management").warning("batch of %s rows committed", rows)
+
+    report = run(csv_of(*good_rows(3)), batch_size=2, progress=progress)
+    lines = [r for r in caplog.records if r.getMessage().startswith("batch of")]
+    assert len(lines) == 2 and {r.request_id for r in lines} == {report.import_id}
+    events = AuditEvent.objects.filter(type__startswith="lead.")
+    assert events.count() == 6 and set(events.values_list("request_id", flat=True)) == {report.import_id}
+    assert request_id_var.get() == "-"  # put back once the import ends

@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from audit.models import AuditEvent
 from leads.dashboard import QUEUE_LOOKBACK, dashboard_view
 from leads.models import Assignment, Lead
 from rotation.models import Membership
@@ -375,3 +376,18 @@ def test_a_rep_made_inactive_is_said_inactive_not_paused_in_the_group(admin_clie
     assert f"<td>{a.name}</td>" in html
     assert f"<td>{b.name} <small>(paused in this group)</small></td>" in html
     assert f"<td>{c.name} <small>(rep inactive)</small></td>" in html
+
+
+def test_an_uploads_events_carry_the_request_id_of_its_page(admin_client, make_group):
+    """The access line and the log lines of an upload carry its request's id; its events
+    carried the import's own id instead, and nothing tied them to the request."""
+    make_group(2, slug="emea")
+    body = b"external_id,email,group\nr-1,one@customer.example,emea\nr-2,two@customer.example,emea\n"
+    response = admin_client.post(
+        "/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body)}, headers={"X-Request-ID": "upload-7"}
+    )
+    assert response["X-Request-ID"] == "upload-7"
+    assert "2 rows: 2 imported" in html_of(response)
+    events = AuditEvent.objects.filter(type__startswith="lead.")
+    assert events.count() == 4 and set(events.values_list("request_id", flat=True)) == {"upload-7"}
+    assert all(e.explanation.get("import", "").startswith("import-") for e in events.filter(type="lead.received"))
