@@ -17,8 +17,17 @@ class RequestIdFilter(logging.Filter):
         # Several handlers filter the same record: the first one's answer stands.
         if getattr(record, "request_id", "-") == "-":
             request = getattr(record, "request", None)
-            record.request_id = getattr(request, "request_id", None) or request_id_var.get()
+            request_id = getattr(request, "request_id", None) or request_id_var.get()
+            record.request_id = (_task_id(record) or "-") if request_id == "-" else request_id
         return True
+
+
+def _task_id(record: logging.LogRecord) -> str | None:
+    """The id of the task a Celery worker line is about: its "received" line is written before
+    the task runs (its id in force), with the task's context as the record's `data`."""
+    data = getattr(record, "data", None)
+    task_id = data.get("id") if isinstance(data, dict) else None
+    return task_id if isinstance(task_id, str) and task_id else None
 
 
 # Attributes every LogRecord has; anything else on a record came from `extra=` and is a field.

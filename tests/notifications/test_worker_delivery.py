@@ -55,3 +55,17 @@ def test_the_worker_logs_json_records_with_no_contact_data(api, make_group, cele
     assert "/leads/accept/[redacted]" in log, log  # the printed e-mail went through the filter too
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert any(r.get("logger") == "celery.app.trace" for r in records), log
+
+
+def test_every_worker_line_about_a_task_carries_its_id(api, make_group, celery_worker_factory):  # noqa: F811
+    """The "received" line is written before the task runs (its id not yet in force): it had
+    no request id, and a search by the task's id missed when the task arrived."""
+    worker = celery_worker_factory(beat=False, env={"LOG_FORMAT": "json"})
+    worker.start()
+    make_group(1, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    assert wait_for(lambda: Delivery.objects.filter(message__lead_id=lead_id, status="sent").exists(), timeout=30)
+    records = [json.loads(line) for line in worker.log_path.read_text().splitlines() if line.startswith("{")]
+    about_a_task = [r for r in records if isinstance(r.get("data"), dict) and "id" in r["data"]]
+    assert any(r["message"].endswith("] received") for r in about_a_task), records
+    assert all(r["request_id"] == r["data"]["id"] for r in about_a_task), about_a_task
