@@ -85,7 +85,9 @@ _DATABASE_VALUES = [
 
 # A run of characters a URL (a request line, a query string) keeps together.
 _URL_TOKEN = re.compile(r"[^\s\"'<>]+")
-_PLUS_BETWEEN_DIGITS = re.compile(r"(?<=\d)\+(?=\d)")
+# Not a time zone's offset (+00:00): read as a space, a time whose seconds start with 0
+# (08:13:07.123456+00:00, Celery's eta on every retry) lost them to the national pattern.
+_PLUS_BETWEEN_DIGITS = re.compile(r"(?<=\d)\+(?=\d)(?!\d\d:\d\d)")
 
 
 def _url_phones(match: re.Match[str]) -> str:

@@ -323,3 +323,15 @@ def test_database_values_are_redacted_in_linear_time():
     ):
         redact(line)
     assert time.perf_counter() - started < 1.0
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "'eta': '2026-12-03T08:13:07.123456+00:00'",  # Celery's received line of a retry
+        "eta 2026-12-03 08:15:00.100000+00:00",
+        "GET /x?since=2026-12-03T08:13:07.123456+00:00 200",
+    ],
+)
+def test_the_filter_keeps_a_times_seconds(line):
+    assert redact(line) == line
