@@ -1,10 +1,12 @@
+import logging
 import os
+import sys
 from typing import Any
 
 from celery import Celery
 from celery.signals import setup_logging, task_postrun, task_prerun
 
-from routing_project.logging import request_id_var
+from routing_project.logging import JsonFormatter, request_id_var
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routing_project.settings.local")
 
@@ -26,6 +28,22 @@ def logging_as_the_web(**kwargs: object) -> None:
     dictConfig(settings.LOGGING)
     if app.conf.worker_redirect_stdouts:
         app.log.redirect_stdouts(app.conf.worker_redirect_stdouts_level)
+    if settings.LOGGING["handlers"]["console"]["formatter"] == "json":
+        from celery.apps import worker
+
+        worker.safe_say = _say_as_json
+
+
+def _say_as_json(msg: str, f: Any = sys.__stderr__) -> None:
+    """Celery's `safe_say` under LOG_FORMAT=json: what the worker writes outside logging, from
+    a signal handler ("worker: Warm shutdown (MainProcess)" on every stop or restart), as one
+    JSON line like every other, not a line of text a log shipper cannot read. Written with
+    os.write as Celery's is: a signal handler takes no logging lock."""
+    if hasattr(f, "fileno") and f.fileno() is not None:
+        record = logging.makeLogRecord(
+            {"name": "celery.apps.worker", "levelno": logging.WARNING, "levelname": "WARNING", "msg": msg.strip()}
+        )
+        os.write(f.fileno(), (JsonFormatter().format(record) + "\n").encode())
 
 
 # Task id -> the token that puts back the request id in force before the task ran.

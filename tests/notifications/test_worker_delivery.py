@@ -69,3 +69,14 @@ def test_every_worker_line_about_a_task_carries_its_id(api, make_group, celery_w
     about_a_task = [r for r in records if isinstance(r.get("data"), dict) and "id" in r["data"]]
     assert any(r["message"].endswith("] received") for r in about_a_task), records
     assert all(r["request_id"] == r["data"]["id"] for r in about_a_task), about_a_task
+
+
+def test_a_worker_stopped_under_json_logs_writes_json_lines_only(celery_worker_factory):  # noqa: F811
+    """Celery says "worker: Warm shutdown (MainProcess)" outside logging, on every stop or
+    restart: a line of text in a JSON log, which a log shipper cannot read."""
+    worker = celery_worker_factory(beat=False, env={"LOG_FORMAT": "json"})
+    worker.start()
+    worker.stop()
+    after_start = worker.log_path.read_text().split(" ready.", 1)[1].splitlines()[1:]  # the banner: no --quiet here
+    records = [json.loads(line) for line in after_start if line.strip()]  # a line of text fails here
+    assert any(r["message"] == "worker: Warm shutdown (MainProcess)" for r in records), records
