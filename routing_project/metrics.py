@@ -58,7 +58,10 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 # Latency buckets for a transaction that should take a few milliseconds and must stay well
 # under the lock timeout (2 s by default).
 _FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-_LOCK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+# Past the default lock timeout too: a wait that ends in a 503 lasts a little longer than the
+# timeout (ROUTING_LOCK_TIMEOUT_MS, which may be raised), and fell in +Inf with any longer one.
+_LOCK_BUCKETS: tuple[float, ...] = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
+_LOCK_BUCKETS += (1.0, 2.0, 2.5, 5.0, 10.0)
 
 LEADS_RECEIVED = Counter("leadrouter_leads_received", "Leads taken in by intake, by resolved group.", ["group"])
 LEADS_ROUTED = Counter("leadrouter_leads_routed", "Leads assigned to a rep by intake, by group.", ["group"])

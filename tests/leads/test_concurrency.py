@@ -487,3 +487,35 @@ def test_a_managers_action_on_a_held_rotation_row_is_a_503_and_changes_nothing(m
     assert (list(Assignment.objects.values_list("id", "rep_id", "ended_at")), AuditEvent.objects.count()) == before
     again = http_client(token).post(f"/api/v1/leads/{lead_id}/{action}/", body(reps), content_type="application/json")
     assert again.status_code == 200, again.content
+
+
+def test_a_wait_given_up_at_the_lock_timeout_falls_in_a_bucket_of_its_own(make_group, settings):
+    """The lock wait histogram ended at 2 s, the default lock timeout: a wait that ends in a
+    503 takes a little longer than the timeout, and fell in +Inf with any longer one."""
+    from tests.ops.test_metrics import scrape, value
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 2000  # the default (the test settings' is 5000)
+    group, _reps = make_group(1, slug="g")
+    before = scrape()
+    _client, token = api_client_with(["intake"])
+    locked, release = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    def holder(_: int) -> None:
+        hold_rotation_lock(group.id, locked, release)
+
+    def requester(_: int) -> None:
+        locked.wait(10)
+        outcome["response"] = post(http_client(token), {"email": "late@x.example", "group": "g"})
+        release.set()
+
+    run_threads(2, lambda i: (holder, requester)[i](i))
+    assert outcome["response"].status_code == 503
+    after = scrape()
+    waits = "leadrouter_rotation_lock_wait_seconds"
+
+    def given_up_below(le: str) -> float:
+        return value(after, f"{waits}_bucket", le=le) - value(before, f"{waits}_bucket", le=le)
+
+    assert given_up_below("+Inf") == 1
+    assert given_up_below("2.0") == 0 and given_up_below("5.0") == 1
