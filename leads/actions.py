@@ -862,7 +862,8 @@ def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str, only_qu
         if lead.status == LeadStatus.CLOSED:
             raise LeadConflict(f"Lead {lead_id} is closed.")
         if lead.status in OPEN_STATUSES and lead.owner_id == rep_id:
-            raise LeadConflict(f"Rep {rep_id} already owns lead {lead_id}.")
+            # Named: the admin shows this to a manager, who picked a name, not an id.
+            raise LeadConflict(f"{rep.name} (rep {rep_id}) already owns lead #{lead_id}.")
         now = timezone.now()
         group = state.group if state is not None else None
         facts = _facts_of(routing.member_facts(group, now, with_counts=True), rep_id) if group else None
