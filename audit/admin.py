@@ -5,6 +5,7 @@ from django.apps import apps
 from django.contrib import admin
 from django.db.models import Q
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html
 
 from routing_project.admin_lists import EstimatedCountPaginator, distinct_indexed_values
@@ -34,15 +35,23 @@ class GroupFilter(admin.SimpleListFilter):
         return queryset.filter(group=self.value()) if self.value() is not None else queryset
 
 
+class DateFilter(admin.DateFieldListFilter):
+    """Titled "By date": the field's own name made it "By at"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.title = "date"
+
+
 @admin.register(AuditEvent)
 class AuditEventAdmin(admin.ModelAdmin):
     """The audit trail, read-only for everyone: no add, no change, no delete."""
 
     # The sentence first after the type: on a laptop beside the menu and the filters, the
     # columns past it are the ones scrolled to.
-    list_display = ("id", "at", "type", "summary", "lead_id", "group", "rep", "actor")
+    list_display = ("id", "when", "type", "summary", "lead", "group", "rep", "actor")
     # Dates by range rather than a date hierarchy, whose drill-down reads every event's date.
-    list_filter = ("type", GroupFilter, ("at", admin.DateFieldListFilter))
+    list_filter = ("type", GroupFilter, ("at", DateFilter))
     search_fields = ("actor", "request_id")  # and a number: a lead or rep id (get_search_results)
     paginator = EstimatedCountPaginator
     # "Show counts" would count each filter choice over the whole trail, in one full scan.
@@ -53,16 +62,21 @@ class AuditEventAdmin(admin.ModelAdmin):
     readonly_fields = (
         "id",
         "type",
-        "at",
+        "when",
         "actor",
-        "lead_id",
+        "lead",
         "group",
         "rep",
         "summary",
         "request_id",
         "pretty_explanation",
     )
-    fields = readonly_fields  # the raw rep_id stays off the page: "rep" names the rep and its id
+    # The raw rep_id stays off the page: "rep" names the rep and its id. The explanation as
+    # recorded (JSON) is folded away under the sentence that says it in words.
+    fieldsets = (
+        (None, {"fields": readonly_fields[:-1]}),
+        ("Explanation as recorded (JSON)", {"classes": ("collapse",), "fields": ("pretty_explanation",)}),
+    )
     list_per_page = 100
     show_full_result_count = False
 
@@ -89,6 +103,18 @@ class AuditEventAdmin(admin.ModelAdmin):
         if names is None:  # the event's own page
             names = obj._rep_names = _rep_names(rep_ids(obj.explanation, obj.rep_id))  # type: ignore[attr-defined]
         return names
+
+    @admin.display(description="When", ordering="at")
+    def when(self, obj: AuditEvent) -> Any:
+        return obj.at
+
+    @admin.display(description="Lead", ordering="lead_id")
+    def lead(self, obj: AuditEvent) -> str:
+        """A link to the lead's page: the trail is where a manager reads why, the lead's page
+        where they act on it."""
+        if obj.lead_id is None:
+            return "-"
+        return format_html('<a href="{}">#{}</a>', reverse("admin:leads_lead_change", args=[obj.lead_id]), obj.lead_id)
 
     @admin.display(description="Rep", ordering="rep_id")
     def rep(self, obj: AuditEvent) -> str:

@@ -90,6 +90,14 @@ def test_lead_and_event_pages(staff, api, make_group):
     # The rep once, by name and id; not again as a bare "Rep id" field above the event's id.
     html = page.content.decode()
     assert "field-rep_id" not in html and f"(#{event.rep_id})" in html
+    # The lead is a link to its page (the trail is read to act on the lead), and the JSON as
+    # recorded is folded away under the sentence that says it in words.
+    assert f'<a href="/admin/leads/lead/{lead_id}/change/">#{lead_id}</a>' in html
+    assert 'class="module aligned collapse"' in html and "Explanation as recorded (JSON)" in html
+    listed = staff.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
+    assert f'<a href="/admin/leads/lead/{lead_id}/change/">#{lead_id}</a>' in listed
+    # Column and filter named as read: "When" and "By date", not "At" and "By at".
+    assert "By date" in listed and "By at" not in listed and ">When</a>" in listed
     assert staff.get("/admin/leads/lead/?q=customer.example").status_code == 200
     assert staff.get("/admin/leads/lead/?status__exact=assigned").status_code == 200
 
