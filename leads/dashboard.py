@@ -17,7 +17,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from rotation.models import Group, Membership
+from rotation.models import Group, Membership, Strategy
 from rotation.strategies import turn_weight
 
 from .models import Assignment, Lead, LeadStatus
@@ -93,6 +93,11 @@ class GroupPanel:
     @property
     def median_accept(self) -> str:
         return duration_text(self.median_accept_s)
+
+    @property
+    def strategy_label(self) -> str:
+        """As the group's page names it ("Round robin"), not its code ("round_robin")."""
+        return str(Strategy(self.strategy).label) if self.strategy in Strategy.values else self.strategy
 
 
 def breach_q(now: datetime) -> Q:

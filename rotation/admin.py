@@ -224,7 +224,9 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         for m in view["members"]:
             if m["reason"]:
                 m["reason"] = reason_in_words(m["reason"], zones.get(m["rep"]["id"], "UTC"))
-        return render_to_string("admin/rotation/rotation_view.html", {"view": view})
+        # The strategy as the form names it ("Round robin"), not its code.
+        context = {"view": view, "strategy": stored.get_strategy_display()}
+        return render_to_string("admin/rotation/rotation_view.html", context)
 
     def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:
         services.group_save(group=obj, actor=admin_actor(request), changed=form.changed_data)

@@ -85,6 +85,8 @@ def test_dashboard_page_renders_its_charts_in_a_fixed_number_of_queries(admin_cl
     assert "<svg" in html and 'class="bar-actual"' in html
     one_group = admin_client.get("/admin/dashboard/?group=g2").content.decode()
     assert one_group.count('class="share-chart"') == 1
+    # The strategy in words, as the group's page names it, not its code.
+    assert "(g2, Round robin)" in one_group and "round_robin)" not in one_group
 
 
 def test_the_queue_chart_starts_where_the_period_starts(admin_client, make_group):

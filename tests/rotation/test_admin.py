@@ -61,6 +61,7 @@ def test_group_page_shows_members_and_rotation(staff, make_group):
     assert page.status_code == 200
     html = page.content.decode()
     assert "Next: <strong>" + reps[0].name in html
+    assert "Strategy <strong>Round robin</strong>" in html  # in words, not "round_robin"
     for rep in reps:
         assert rep.name in html
 
