@@ -21,6 +21,7 @@ from . import services
 from .domains import domain_unicode
 from .eligibility import reason_in_words
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule, is_timezone
+from .rules import LEAD_FIELDS
 from .services import MAX_POSITION, MAX_PRIORITY
 
 
@@ -383,11 +384,28 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
 class RoutingRuleForm(forms.ModelForm):
     # The API's limit (rotation/api/rules.py): a rule saved past it is answered by the API
     # outside its own schema, and sent back unchanged it would be refused there.
-    priority = forms.IntegerField(min_value=0, max_value=MAX_PRIORITY, initial=100)
+    priority = forms.IntegerField(
+        min_value=0,
+        max_value=MAX_PRIORITY,
+        initial=100,
+        help_text="Rules are tried lowest first (1 before 10); the first whose conditions all hold wins.",
+    )
 
     class Meta:
         model = RoutingRule
         fields = ("name", "priority", "conditions", "group", "active")
+        # The one field sales ops cannot guess: its shape, its fields and its operators. (A
+        # help text is not escaped: no angle brackets in it.)
+        help_texts = {
+            "conditions": (
+                "All must hold. A list in JSON, e.g. "
+                '[{"field": "country", "op": "in", "value": ["FR", "BE"]}, '
+                '{"field": "company_size", "op": "gte", "value": 500}]. '
+                f"Fields: {', '.join(LEAD_FIELDS)}, or a key of the lead's attributes, as attributes.campaign. "
+                "Operators: equals, in, not_in, contains, gte and lte (numbers), exists (true or false). "
+                "[] matches every lead."
+            ),
+        }
 
 
 @admin.register(RoutingRule)

@@ -769,3 +769,14 @@ def test_a_rep_without_working_hours_shows_an_empty_box_and_saves_as_none(staff)
     assert Rep.objects.get(pk=rep.pk).working_hours == {"mon": [["09:00", "17:30"]]}
     page = staff.get(url).content.decode()
     assert "09:00" in page and "null" not in re.search(r"<textarea[^>]*>(.*?)</textarea>", page, re.S).group(1)
+
+
+def test_the_rule_form_says_how_conditions_are_written_and_which_priority_goes_first(staff):
+    """Sales ops writing a rule met an empty "Conditions" box and "[]": the shape, the fields
+    and the operators were found only by trying (and reading the errors)."""
+    html = staff.get("/admin/rotation/routingrule/add/").content.decode()
+    assert '[{"field": "country", "op": "in", "value": ["FR", "BE"]}' in html
+    for name in ("company_size", "email_domain", "attributes.campaign", "not_in", "exists"):
+        assert name in html, name
+    assert "[] matches every lead" in html
+    assert "lowest first (1 before 10)" in html
