@@ -4,6 +4,7 @@ from zoneinfo import ZoneInfo
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.core.validators import DomainNameValidator, MinValueValidator
 from django.db import transaction
 from django.db.models import Count, Max, Min, QuerySet
@@ -303,10 +304,27 @@ class JSONOrEmptyField(forms.JSONField):
 
 
 class RepForm(forms.ModelForm):
+    # By username: a raw id's lookup opened the user list, which only superusers may read
+    # (sales ops were shown a 403 in the popup), and left a bare number in the box.
+    user = forms.ModelChoiceField(
+        queryset=get_user_model().objects.all(),
+        to_field_name=get_user_model().USERNAME_FIELD,
+        required=False,
+        widget=forms.TextInput,
+        label="Admin login",
+        help_text="Optional: the username the rep signs in to this admin with.",
+        error_messages={"invalid_choice": "No user with that username."},
+    )
+
     class Meta:
         model = Rep
         fields = ("name", "email", "user", "timezone", "active", "working_hours")
         field_classes = {"working_hours": JSONOrEmptyField}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.user_id is not None and "user" in self.fields:
+            self.initial["user"] = self.instance.user.get_username()
 
     def clean_email(self) -> str:
         # As the API stores it: the domain in ASCII (IDNA), so that one mailbox is one rep
@@ -336,7 +354,6 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     search_fields = ("name", "email")
     list_select_related = ("user",)
     inlines = [AbsenceInline]
-    raw_id_fields = ("user",)
     formfield_overrides = STRICT_JSON
 
     def autocomplete_label(self, obj: Rep) -> str:

@@ -429,3 +429,26 @@ def test_credentials_deleted_in_the_admin_are_audited(root, make_group):
         ),
     ]
     assert root.get("/admin/audit/auditevent/?type=client.changed").status_code == 200
+
+
+def test_sales_ops_link_a_rep_to_a_login_by_its_username_with_no_lookup_they_may_not_open():
+    """The rep's user was a raw id with a lookup into the user list, which only superusers may
+    read: sales ops clicking it got a 403 in the popup, and the box held a bare number."""
+    from tests.factories import RepFactory
+
+    rep = RepFactory()
+    login = User.objects.create_user("ada.l", password="pw-for-tests-only")
+    ops = staff(SALES_OPS)
+    url = f"/admin/rotation/rep/{rep.pk}/change/"
+    page = ops.get(url)
+    assert page.status_code == 200
+    assert "/admin/auth/user/" not in page.content.decode()
+    assert ops.get("/admin/auth/user/?_to_field=id&_popup=1").status_code == 403  # why there is no lookup
+    data = {**{k: v[0] for k, v in form_of(page).items()}, "user": "ada.l", "_continue": "1"}
+    assert ops.post(url, data).status_code == 302
+    rep.refresh_from_db()
+    assert rep.user_id == login.pk
+    # Shown back by its username, and an unknown one is said as such.
+    assert 'value="ada.l"' in ops.get(url).content.decode()
+    refused = ops.post(url, {**data, "user": "nobody"})
+    assert refused.status_code == 200 and "No user with that username." in refused.content.decode()
