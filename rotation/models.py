@@ -54,13 +54,19 @@ class Group(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(100)],
         help_text="Assignments a lead may have in this group before it goes to the queue.",
     )
-    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
+    timezone = models.CharField(
+        "time zone",
+        max_length=64,
+        default="UTC",
+        validators=[validate_timezone],
+        help_text="Where the group's day starts and ends (daily caps): an IANA name, such as Europe/Paris or UTC.",
+    )
     dedup_days = models.PositiveIntegerField(
         default=30,
         validators=[MaxValueValidator(3650)],
         help_text="A lead whose email has an open lead within this many days is a duplicate.",
     )
-    is_default = models.BooleanField(default=False, help_text="Leads that match no rule go here.")
+    is_default = models.BooleanField("default group", default=False, help_text="Leads that match no rule go here.")
     active = models.BooleanField(default=True)
     owner_match_fallback_to_rotation = models.BooleanField(
         default=True,
@@ -109,7 +115,13 @@ class Rep(models.Model):
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="rep"
     )
-    timezone = models.CharField(max_length=64, default="UTC", validators=[validate_timezone])
+    timezone = models.CharField(
+        "time zone",
+        max_length=64,
+        default="UTC",
+        validators=[validate_timezone],
+        help_text="The rep's working hours and absences are in it: an IANA name, such as Europe/Paris or UTC.",
+    )
     active = models.BooleanField(default=True)
     working_hours = models.JSONField(
         null=True,

@@ -780,3 +780,16 @@ def test_the_rule_form_says_how_conditions_are_written_and_which_priority_goes_f
         assert name in html, name
     assert "[] matches every lead" in html
     assert "lowest first (1 before 10)" in html
+
+
+def test_group_and_rep_forms_name_the_default_flag_and_the_time_zone_in_words(staff, make_group):
+    """The labels were the field names as Django cased them ("Is default", "Timezone"), and
+    the time zone box gave no hint of what it takes until a save was refused."""
+    make_group(1, slug="emea")
+    group_page = staff.get("/admin/rotation/group/add/").content.decode()
+    assert "Default group" in group_page and "Is default" not in group_page
+    assert ">Time zone:</label>" in group_page and "such as Europe/Paris" in group_page
+    listed = staff.get("/admin/rotation/group/").content.decode()
+    assert ">Default group</a>" in listed and "Is default" not in listed
+    rep_page = staff.get("/admin/rotation/rep/add/").content.decode()
+    assert ">Time zone:</label>" in rep_page and "such as Europe/Paris" in rep_page
