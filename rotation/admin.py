@@ -182,7 +182,9 @@ class GroupForm(forms.ModelForm):
 @admin.register(Group)
 class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     form = GroupForm
-    list_display = ("slug", "name", "strategy", "sla_minutes", "max_attempts", "is_default", "active", "member_count")
+    # Who is in it and whether it takes leads before its SLA settings: on a laptop, beside the
+    # menu and the filters, the last columns are scrolled to.
+    list_display = ("slug", "name", "strategy", "member_count", "active", "is_default", "sla_minutes", "max_attempts")
     list_filter = ("strategy", "active", "is_default")
     search_fields = ("slug", "name")
     prepopulated_fields = {"slug": ("name",)}

@@ -390,3 +390,23 @@ def test_sales_ops_move_the_default_group_in_one_save(page: Page, live: str):
     assert list(Group.objects.filter(is_default=True).values_list("slug", flat=True)) == ["europe"]
     moved = AuditEvent.objects.filter(type="group.changed", group=old.slug, actor="admin:ops")
     assert [e.explanation["changes"] for e in moved] == [{"is_default": False}]
+
+
+def test_sales_ops_see_a_groups_members_and_state_on_a_laptop_without_scrolling(browser, live: str):
+    """At 1300 pixels, beside the menu and the filters, the group list's "Members" column was
+    past the table's edge: sales ops scrolled sideways to see who is in each group."""
+    group = GroupFactory(slug="north-america-enterprise", name="North America enterprise")
+    services.membership_add(group=group, rep=RepFactory(name="Grace Hopper"), actor="test")
+    user_in("Sales ops", "ops")
+    context = browser.new_context(viewport={"width": 1300, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live, "ops")
+        page.goto(f"{live}/admin/rotation/group/")
+        table = page.locator("#changelist .results").bounding_box()
+        assert table is not None
+        for column in ("member_count", "active", "is_default"):
+            box = page.locator(f"#result_list thead th.column-{column}").bounding_box()
+            assert box is not None and box["x"] + box["width"] <= table["x"] + table["width"] + 1, column
+    finally:
+        context.close()
