@@ -25,6 +25,7 @@ class ApiClient(models.Model):
 
     class Meta:
         ordering = ["name"]
+        verbose_name = "API client"  # not Django's "Api client"
 
     def __str__(self) -> str:
         return self.name
@@ -82,7 +83,9 @@ class Lead(models.Model):
     queue_reason = models.CharField(max_length=300, blank=True, default="")
     outcome = models.CharField(max_length=20, choices=Outcome.choices, blank=True, default="")
     escalations = models.PositiveIntegerField(default=0)
-    api_client = models.ForeignKey(ApiClient, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    api_client = models.ForeignKey(
+        ApiClient, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", verbose_name="API client"
+    )
 
     created_at = models.DateTimeField(db_index=True)
     assigned_at = models.DateTimeField(null=True, blank=True)

@@ -793,3 +793,13 @@ def test_group_and_rep_forms_name_the_default_flag_and_the_time_zone_in_words(st
     assert ">Default group</a>" in listed and "Is default" not in listed
     rep_page = staff.get("/admin/rotation/rep/add/").content.decode()
     assert ">Time zone:</label>" in rep_page and "such as Europe/Paris" in rep_page
+
+
+def test_api_clients_are_spelled_with_api_in_capitals(staff, api, make_group):
+    """Django cased the model's name as "Api clients" on the index and "Api client" on a lead."""
+    make_group(1, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    index = staff.get("/admin/").content.decode()
+    assert ">API clients</a>" in index and "Api client" not in index
+    lead_page = staff.get(f"/admin/leads/lead/{lead_id}/change/").content.decode()
+    assert "API client:" in lead_page and "Api client" not in lead_page
