@@ -6,7 +6,8 @@ from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from rest_framework import serializers
 
 from rotation.rules import COUNTRY_CODES
@@ -144,9 +145,16 @@ class LeadSearchMixin:
         return super().get_search_results(request, queryset, search_term)  # type: ignore[misc]
 
 
+def _fact(value: Any) -> str:
+    """An attribute's value as written in a rule: true/false, numbers and text as they are."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 # The facts the routing decided on. Managers may correct the scalar ones (the API's PATCH
 # also takes attributes); the lead stays where it is until "Route again" moves it.
-ROUTING_FACTS = ("country", "region", "source", "product", "score", "company_size", "external_id", "attributes")
+ROUTING_FACTS = ("country", "region", "source", "product", "score", "company_size", "external_id", "attributes_text")
 
 
 @admin.register(Lead)
@@ -181,7 +189,7 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
         "manage_links",
         "trail_link",
         "external_id",
-        "attributes",
+        "attributes_text",
     )
     fieldsets = (
         ("Contact", {"fields": ("email", "first_name", "last_name", "company", "phone")}),
@@ -190,6 +198,14 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
         ("Times", {"fields": ("created_at", "assigned_at", "accepted_at", "closed_at", "sla_due_at")}),
         ("Raw", {"classes": ("collapse",), "fields": ("raw_payload", "email_normalized", "api_client")}),
     )
+
+    @admin.display(description="Attributes")
+    def attributes_text(self, obj: Lead) -> str:
+        """One "key: value" a line, as a rule names them (attributes.<key>), not the JSON."""
+        items = sorted((obj.attributes or {}).items())
+        if not items:
+            return "-"
+        return format_html_join(mark_safe("<br>"), "{}: {}", ((key, _fact(value)) for key, value in items))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # leads come in through intake, which routes them

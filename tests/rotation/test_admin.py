@@ -803,3 +803,14 @@ def test_api_clients_are_spelled_with_api_in_capitals(staff, api, make_group):
     assert ">API clients</a>" in index and "Api client" not in index
     lead_page = staff.get(f"/admin/leads/lead/{lead_id}/change/").content.decode()
     assert "API client:" in lead_page and "Api client" not in lead_page
+
+
+def test_a_leads_attributes_read_as_key_and_value_not_as_json(staff, api, make_group):
+    """A manager reading why a lead went where it went saw {"campaign": "spring", "vip": true}."""
+    make_group(1, slug="emea")
+    body = lead_body(group="emea", attributes={"vip": True, "campaign": "spring"})
+    lead_id = api.post("/api/v1/leads/", body, format="json").json()["id"]
+    html = staff.get(f"/admin/leads/lead/{lead_id}/change/").content.decode()
+    facts = html.split("Routing facts")[1].split("Routing</")[0]
+    assert "campaign: spring<br>vip: true" in facts
+    assert "&quot;campaign&quot;" not in facts
