@@ -118,6 +118,22 @@ class SourceFilter(admin.SimpleListFilter):
         return queryset.filter(source=self.value()) if self.value() is not None else queryset
 
 
+class NoGroupFilter(admin.RelatedFieldListFilter):
+    """By group, its last choice said in words: Django's "-" read as a stray dash."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.empty_value_display = mark_safe("(no group)")  # noqa: S308 - a constant
+
+
+class NoOwnerFilter(admin.RelatedFieldListFilter):
+    """By owner, its last choice said in words (queued or closed leads have none)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.empty_value_display = mark_safe("(no rep)")  # noqa: S308 - a constant
+
+
 class LeadSearchMixin:
     """A whole address is looked up by its normalised form, through lead_dedup_idx: the search
     managers make most. Django's search compares it as a substring (`UPPER(email) LIKE`), which
@@ -162,7 +178,13 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
     list_display = ("id", "email", "company", "status", "group", "owner", "created_at", "sla_due_at", "escalations")
     # Dates by range (today, past 7 days, this month, this year) rather than a date hierarchy,
     # whose drill-down reads every lead's date on each page view.
-    list_filter = ("status", "group", "owner", SourceFilter, ("created_at", admin.DateFieldListFilter))
+    list_filter = (
+        "status",
+        ("group", NoGroupFilter),
+        ("owner", NoOwnerFilter),
+        SourceFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
     search_fields = ("email", "company", "external_id")
     list_select_related = ("group", "owner")
     paginator = EstimatedCountPaginator
@@ -244,7 +266,7 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
 class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
     # Why it waits and where, before who: on a laptop the columns past these are scrolled to.
     list_display = ("id", "created_at", "group", "queue_reason", "email", "company")
-    list_filter = ("group",)
+    list_filter = (("group", NoGroupFilter),)
     search_fields = ("email", "company")
     list_select_related = ("group",)
     show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a scan of every lead

@@ -814,3 +814,12 @@ def test_a_leads_attributes_read_as_key_and_value_not_as_json(staff, api, make_g
     facts = html.split("Routing facts")[1].split("Routing</")[0]
     assert "campaign: spring<br>vip: true" in facts
     assert "&quot;campaign&quot;" not in facts
+
+
+def test_the_filters_name_their_no_group_and_no_rep_choices(staff, make_group):
+    """The group and owner filters ended on a bare "-", read as a stray dash, not as "none"."""
+    make_group(1, slug="emea")
+    queue = staff.get("/admin/leads/queuedlead/").content.decode()
+    assert '?group__isnull=True">(no group)</a>' in queue
+    leads = staff.get("/admin/leads/lead/").content.decode()
+    assert '?group__isnull=True">(no group)</a>' in leads and '?owner__isnull=True">(no rep)</a>' in leads
