@@ -99,6 +99,9 @@ def test_lead_and_event_pages(staff, api, make_group):
     assert f'<a href="/admin/leads/lead/{lead_id}/change/">#{lead_id}</a>' in listed
     # Column and filter named as read: "When" and "By date", not "At" and "By at".
     assert "By date" in listed and "By at" not in listed and ">When</a>" in listed
+    # The page's widths and no-wraps name columns the table has (renamed, they styled nothing).
+    styled = re.findall(r"td\.field-(\w+)", listed)
+    assert styled and all(f'class="field-{name}' in listed for name in styled), styled
     assert staff.get("/admin/leads/lead/?q=customer.example").status_code == 200
     assert staff.get("/admin/leads/lead/?status__exact=assigned").status_code == 200
 
