@@ -175,7 +175,9 @@ ROUTING_FACTS = ("country", "region", "source", "product", "score", "company_siz
 
 @admin.register(Lead)
 class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "email", "company", "status", "group", "owner", "created_at", "sla_due_at", "escalations")
+    # Who, where it stands, with whom and until when, first: on a laptop, beside the menu and
+    # the filters, the columns past the SLA are the ones scrolled to.
+    list_display = ("id", "email", "status", "owner", "sla_due_at", "group", "company", "created_at", "escalations")
     # Dates by range (today, past 7 days, this month, this year) rather than a date hierarchy,
     # whose drill-down reads every lead's date on each page view.
     list_filter = (

@@ -410,3 +410,26 @@ def test_sales_ops_see_a_groups_members_and_state_on_a_laptop_without_scrolling(
             assert box is not None and box["x"] + box["width"] <= table["x"] + table["width"] + 1, column
     finally:
         context.close()
+
+
+def test_a_manager_sees_each_leads_status_owner_and_sla_on_a_laptop_without_scrolling(browser, live: str):
+    """At 1300 pixels the lead list showed the contact and the group, and left the SLA due
+    time, the one a manager watches, past the table's edge."""
+    group = GroupFactory(slug="emea", name="EMEA", sla_minutes=30)
+    services.membership_add(group=group, rep=RepFactory(name="Katherine Johnson-Goble"), actor="test")
+    _, token = api_client_create(name="web-form", scopes=["intake"])
+    post_lead(live, token, {"email": "marguerite.yourcenar@editions-gallimard.example", "group": "emea"})
+    post_lead(live, token, {"email": "diego.hernandez@mexico.example", "group": "emea"})
+    user_in("Managers", "manager")
+    context = browser.new_context(viewport={"width": 1300, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live, "manager")
+        page.goto(f"{live}/admin/leads/lead/")
+        table = page.locator("#changelist .results").bounding_box()
+        assert table is not None
+        for column in ("status", "owner", "sla_due_at"):
+            box = page.locator(f"#result_list thead th.column-{column}").bounding_box()
+            assert box is not None and box["x"] + box["width"] <= table["x"] + table["width"] + 1, column
+    finally:
+        context.close()
