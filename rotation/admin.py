@@ -449,6 +449,13 @@ class AccountForm(forms.ModelForm):
     class Meta:
         model = Account
         fields = ["domain", "name", "owner"]
+        # What an account does is not in its three fields' names: said where it is set.
+        help_texts = {
+            "domain": "The email domain of the account's contacts, like acme.example.",
+            "owner": "Leads whose email has this domain go to this rep, skipping the rotation. When the rep "
+            "cannot take them (away, paused, inactive), the group's owner match fallback setting decides: "
+            "the rotation, or the queue.",
+        }
 
     def clean_domain(self) -> str:
         # As the service stores it, before the form's unique check compares it.

@@ -826,3 +826,10 @@ def test_the_filters_name_their_no_group_and_no_rep_choices(staff, make_group):
     assert '?group__isnull=True">(no group)</a>' in queue
     leads = staff.get("/admin/leads/lead/").content.decode()
     assert '?group__isnull=True">(no group)</a>' in leads and '?owner__isnull=True">(no rep)</a>' in leads
+
+
+def test_the_account_form_says_what_an_account_does(staff):
+    """The three field names alone did not say that an account routes its leads to its owner,
+    past the rotation, nor what is typed as a domain."""
+    html = staff.get("/admin/rotation/account/add/").content.decode()
+    assert "like acme.example" in html and "skipping the rotation" in html
