@@ -92,6 +92,9 @@ class MembershipForm(forms.ModelForm):
             # A member row is one rep's place in the rotation: another rep is a removal and a
             # joiner (both audited), not an edit that would hand over its position and counts.
             self.fields["rep"].disabled = True
+            # Nor a "+" beside it: a rep added there could not be picked in the fixed box.
+            # (The pencil and the eye still open the rep's page.)
+            self.fields["rep"].widget.can_add_related = False
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

@@ -833,3 +833,13 @@ def test_the_account_form_says_what_an_account_does(staff):
     past the rotation, nor what is typed as a domain."""
     html = staff.get("/admin/rotation/account/add/").content.decode()
     assert "like acme.example" in html and "skipping the rotation" in html
+
+
+def test_a_members_fixed_rep_offers_no_add_a_rep_button(staff, make_group):
+    """An existing member's rep cannot be changed (the box is disabled), yet a "+" beside it
+    offered to add a new rep into that box; a new member row keeps it."""
+    group, reps = make_group(1, slug="emea")
+    html = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
+    assert 'id="add_id_memberships-0-rep"' not in html
+    assert 'id="change_id_memberships-0-rep"' in html  # the rep's page is still a click away
+    assert 'id="add_id_memberships-__prefix__-rep"' in html  # a new member may add a rep
