@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.db.models import Q
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import formats, timezone
 from django.utils.html import format_html
 
 from routing_project.admin_lists import EstimatedCountPaginator, distinct_indexed_values
@@ -105,8 +106,9 @@ class AuditEventAdmin(admin.ModelAdmin):
         return names
 
     @admin.display(description="When", ordering="at")
-    def when(self, obj: AuditEvent) -> Any:
-        return obj.at
+    def when(self, obj: AuditEvent) -> str:
+        # Formatted here: on the event's page Django prints a method's datetime raw (ISO).
+        return formats.localize(timezone.localtime(obj.at))
 
     @admin.display(description="Lead", ordering="lead_id")
     def lead(self, obj: AuditEvent) -> str:

@@ -94,6 +94,8 @@ def test_lead_and_event_pages(staff, api, make_group):
     # The lead is a link to its page (the trail is read to act on the lead), and the JSON as
     # recorded is folded away under the sentence that says it in words.
     assert f'<a href="/admin/leads/lead/{lead_id}/change/">#{lead_id}</a>' in html
+    when = html.split("field-when")[1].split('<div class="readonly">')[1].split("</div>")[0]
+    assert "+00:00" not in when and str(event.at.year) in when, when  # formatted, not ISO
     assert 'class="module aligned collapse"' in html and "Explanation as recorded (JSON)" in html
     listed = staff.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
     assert f'<a href="/admin/leads/lead/{lead_id}/change/">#{lead_id}</a>' in listed
