@@ -101,9 +101,12 @@ class ImportReport:
     errors: list[RowError] = field(default_factory=list)
 
     def summary(self) -> str:
+        def counted(n: int, noun: str) -> str:  # "1 row", "2 rows"
+            return f"{n} {noun}{'' if n == 1 else 's'}"
+
         return (
-            f"{self.rows} rows: {self.imported} imported ({self.assigned} assigned, {self.queued} queued), "
-            f"{self.duplicates} duplicates, {self.already_imported} already imported, {self.invalid} invalid"
+            f"{counted(self.rows, 'row')}: {self.imported} imported ({self.assigned} assigned, {self.queued} queued), "
+            f"{counted(self.duplicates, 'duplicate')}, {self.already_imported} already imported, {self.invalid} invalid"
         )
 
 

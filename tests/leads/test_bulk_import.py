@@ -711,3 +711,13 @@ def test_an_imports_log_lines_carry_its_import_id_as_its_events_do(make_group, c
     events = AuditEvent.objects.filter(type__startswith="lead.")
     assert events.count() == 6 and set(events.values_list("request_id", flat=True)) == {report.import_id}
     assert request_id_var.get() == "-"  # put back once the import ends
+
+
+def test_the_report_counts_one_row_and_one_duplicate_in_the_singular():
+    """The import page read "7 rows: ..., 1 duplicates, ...": counted as written."""
+    from leads.bulk import ImportReport
+
+    one = ImportReport(import_id="import-x", rows=1, duplicates=1).summary()
+    assert one.startswith("1 row: ") and "1 duplicate," in one
+    many = ImportReport(import_id="import-x", rows=7, duplicates=2).summary()
+    assert many.startswith("7 rows: ") and "2 duplicates," in many
