@@ -491,7 +491,9 @@ def test_a_managers_action_on_a_held_rotation_row_is_a_503_and_changes_nothing(m
 
 def test_a_wait_given_up_at_the_lock_timeout_falls_in_a_bucket_of_its_own(make_group, settings):
     """The lock wait histogram ended at 2 s, the default lock timeout: a wait that ends in a
-    503 takes a little longer than the timeout, and fell in +Inf with any longer one."""
+    503 takes about the timeout (counted from the request's arrival: a little under it, or over
+    it by PostgreSQL's lateness), and one over it fell in +Inf with any longer one. It has
+    buckets of its own now, and is counted once."""
     from tests.ops.test_metrics import scrape, value
 
     settings.ROUTING_LOCK_TIMEOUT_MS = 2000  # the default (the test settings' is 5000)
@@ -518,4 +520,4 @@ def test_a_wait_given_up_at_the_lock_timeout_falls_in_a_bucket_of_its_own(make_g
         return value(after, f"{waits}_bucket", le=le) - value(before, f"{waits}_bucket", le=le)
 
     assert given_up_below("+Inf") == 1
-    assert given_up_below("2.0") == 0 and given_up_below("5.0") == 1
+    assert given_up_below("1.0") == 0 and given_up_below("2.5") == 1
