@@ -255,6 +255,7 @@ def test_a_long_line_without_an_address_is_redacted_in_linear_time():
     assert time.perf_counter() - started < 1.0
 
 
+@pytest.mark.postgres  # PostgreSQL's own error texts (and its `::integer` cast)
 @pytest.mark.django_db
 def test_a_database_error_quoting_a_leads_values_reaches_no_log_line(make_group, post_lead):
     """PostgreSQL quotes the row at fault in a constraint error ("Failing row contains (...)":
