@@ -30,7 +30,12 @@ stop_child() {
     watchdog=$!
     set +m
     kill -TERM "$child" 2>/dev/null || true
-    wait "$child" 2>/dev/null || true  # its status is the signal's (errexit)
+    # A TERM that reached this shell before its trap ignored TERM (make run's whole group and
+    # cleanup both send one) cuts a wait short: wait again until the command has gone, or the
+    # KILL above would land before the command's own TERM handler had run.
+    while kill -0 "$child" 2>/dev/null; do
+        wait "$child" 2>/dev/null || true  # its status is the signal's (errexit)
+    done
     kill -KILL -- "-$child" "-$watchdog" 2>/dev/null || true
 }
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
