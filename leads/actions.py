@@ -209,7 +209,7 @@ def _assign(
     )
     lead.status, lead.owner_id = LeadStatus.ASSIGNED, rep_id
     lead.assigned_at, lead.accepted_at, lead.sla_due_at, lead.queue_reason = now, None, due, ""
-    scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=due)
+    scheduling.timer_schedule_on_commit(assignment_id=assignment.id, due_at=due, group_id=assignment.group_id)
     # Webhook and e-mail to the new owner: an outbox row in this transaction, sent after commit.
     event = "lead.escalated" if reason == Assignment.Reason.ESCALATION else "lead.assigned"
     notify.lead_notify(lead=lead, event=event, reason=reason, attempt=assignment.attempt, at=now, group=group)
@@ -515,9 +515,10 @@ def _escalate_many_locked(
     outbox_announce_many_on_commit([m.id for m in outbox])
     audit_record_many(events=events)
     if len(new_assignments) == 1:
-        scheduling.timer_schedule_on_commit(assignment_id=new_assignments[0].id, due_at=new_assignments[0].due_at)
+        first = new_assignments[0]
+        scheduling.timer_schedule_on_commit(assignment_id=first.id, due_at=first.due_at, group_id=first.group_id)
     else:
-        scheduling.batch_timer_schedule_on_commit(due_times=[a.due_at for a in new_assignments])
+        scheduling.batch_timer_schedule_on_commit(timers=[(a.group_id, a.due_at) for a in new_assignments])
     slug = group.slug
     transaction.on_commit(lambda: _escalations_counted(slug, counted))
     return [r if r is not None else by_lead[lead_id] for r, (_, _, lead_id) in zip(results, items, strict=True)]
@@ -665,6 +666,52 @@ def escalation_sweep(
     return tally
 
 
+def escalate_group_due(*, group_id: int, until: datetime, actor: str = "system:sla") -> dict[str, int]:
+    """The SLA timer of a group's slice (`scheduling.slice_publish`): escalates the group's
+    assignments overdue and due by `until` (the slice's end), oldest due first, each with its
+    backlog under one lock (`lead_escalate`), as their own timers would have one by one. Those
+    due after `until` are later slices'. Woken before the slice's assignments are due (this
+    host's clock behind the publisher's), it publishes itself again for the first of them."""
+    open_due = Assignment.objects.filter(
+        group_id=group_id, ended_at__isnull=True, accepted_at__isnull=True, due_at__isnull=False
+    )
+    tally: dict[str, int] = {}
+    seen: list[int] = []  # taken once each: one another transaction holds is the sweep's
+    while True:
+        now = timezone.now()
+        first = (
+            open_due.filter(due_at__lte=min(now, until))
+            .exclude(pk__in=seen)
+            .order_by("due_at")
+            .values_list("id", flat=True)
+            .first()
+        )
+        if first is None:
+            break
+        seen.append(first)
+        try:
+            result = lead_escalate(assignment_id=first, actor=actor)
+        except routing.RoutingBusy:
+            raise  # the task tries again in a moment
+        except Exception:
+            logger.exception("escalation of assignment %s failed", first)
+            tally["failed"] = tally.get("failed", 0) + 1
+            continue
+        tally[result.outcome] = tally.get(result.outcome, 0) + 1
+        for other, n in (result.backlog or {}).items():
+            tally[other] = tally.get(other, 0) + n
+    early = open_due.filter(due_at__gt=now, due_at__lte=until).order_by("due_at").values_list("due_at", flat=True)
+    first_due = early.first()
+    if first_due is not None:
+        scheduling.publish(
+            scheduling.ESCALATE_GROUP_TASK,
+            args=[group_id, until.isoformat()],
+            eta=first_due,
+            expires=first_due + timedelta(hours=1),
+        )
+    return tally
+
+
 def escalation_arm(*, now: datetime | None = None) -> int:
     """Publishes the timers of assignments that have come within the timer horizon.
 
@@ -682,11 +729,15 @@ def escalation_arm(*, now: datetime | None = None) -> int:
             ended_at__isnull=True, accepted_at__isnull=True, due_at__gt=max(low, now), due_at__lte=high
         )
         .order_by("due_at")
-        .values_list("id", "due_at")[: settings.ESCALATION_ARM_MAX]
+        .values_list("id", "due_at", "group_id")[: settings.ESCALATION_ARM_MAX]
     )
     published = 0
-    for assignment_id, due_at in rows:
+    for assignment_id, due_at, group_id in rows:
         if due_at is None:
+            continue
+        # The group's timer for the slice, published once for all its assignments due in it.
+        if group_id is not None and scheduling.slice_publish(group_id=group_id, due_at=due_at):
+            published += 1
             continue
         if not scheduling.publish(
             scheduling.ESCALATE_TASK, args=[assignment_id], eta=due_at, expires=due_at + timedelta(hours=1)

@@ -740,7 +740,9 @@ def _route_batch_locked(
             for lead in assigned
         ],
     )
-    scheduling.batch_timer_schedule_on_commit(due_times=[lead.values["sla_due_at"] for lead in assigned])
+    scheduling.batch_timer_schedule_on_commit(
+        timers=[(lead.values["group_id"], lead.values["sla_due_at"]) for lead in assigned]
+    )
     for turn in turns.values():
         if turn.assigned:
             turn.state.turns += turn.assigned

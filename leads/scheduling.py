@@ -13,15 +13,22 @@ So only timers due within `ESCALATION_TIMER_HORIZON_S` are published, at commit;
 assignments due later are published by the `escalation_arm` beat task when they come within
 the horizon. A worker therefore holds at most the timers of the next few minutes, however
 many assignments are pending, and every countdown stays well under the visibility timeout.
+
+And the timers of one group are published by slice of `ESCALATION_TIMER_SLICE_S`: the
+assignments of a group due within the same slice share one task, due at the slice's end,
+which escalates the group's whole due backlog (`escalate_group_due`). Each process publishes
+a slice once (it remembers the slices it published until they have passed), so a burst of
+leads into one group costs the worker a handful of tasks, not one per lead.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -32,10 +39,20 @@ logger = logging.getLogger(__name__)
 
 ESCALATE_TASK = "leads.tasks.escalate_assignment"
 ESCALATE_DUE_TASK = "leads.tasks.escalate_due"
+ESCALATE_GROUP_TASK = "leads.tasks.escalate_group_due"
 DRAIN_TASK = "leads.tasks.drain_group"
 
 _breaker = threading.Lock()
 _down_until = 0.0
+
+# The slices this process has published a group's timer for: (group id, slice end, epoch s).
+_slices_lock = threading.Lock()
+_slices: set[tuple[int, float]] = set()
+_SLICES_PRUNE_AT = 4096
+# A slice ending sooner than this after the commit gets no shared timer: an assignment due
+# that soon (a short SLA, a clock a little ahead) has its own, as a slice's task might
+# already have run when it commits.
+_SLICE_MIN_LEAD_S = 1.0
 
 
 def publish(name: str, *, args: list[Any], **options: Any) -> bool:
@@ -58,9 +75,12 @@ def publish(name: str, *, args: list[Any], **options: Any) -> bool:
 
 
 def publish_reset() -> None:
-    """Closes the circuit breaker (tests, or after the broker is known to be back)."""
+    """Closes the circuit breaker and forgets the slices published (tests, or after the broker
+    is known to be back, its queue possibly emptied)."""
     global _down_until
     _down_until = 0.0
+    with _slices_lock:
+        _slices.clear()
 
 
 def within_horizon(due_at: datetime, now: datetime | None = None) -> bool:
@@ -68,35 +88,82 @@ def within_horizon(due_at: datetime, now: datetime | None = None) -> bool:
     return due_at - now <= timedelta(seconds=settings.ESCALATION_TIMER_HORIZON_S)
 
 
-def timer_publish(*, assignment_id: int, due_at: datetime) -> bool:
-    """Publishes the SLA timer of one assignment when it is due within the horizon."""
+def timer_publish(*, assignment_id: int, due_at: datetime, group_id: int | None = None) -> bool:
+    """Publishes the SLA timer of one assignment when it is due within the horizon: its
+    group's timer for the slice its due time falls in (`slice_publish`), or its own when it
+    has no group, slices are off, or the slice ends too soon to share."""
     if not within_horizon(due_at):
         return False  # `escalation_arm` publishes it when it comes within the horizon
+    if group_id is not None and slice_publish(group_id=group_id, due_at=due_at):
+        return True
     return publish(ESCALATE_TASK, args=[assignment_id], eta=due_at, expires=due_at + timedelta(hours=1))
 
 
-def timer_schedule_on_commit(*, assignment_id: int, due_at: datetime | None) -> None:
+def slice_end(due_at: datetime) -> float | None:
+    """The end of the timer slice `due_at` falls in (epoch seconds), or None when slices are
+    off or it ends less than `_SLICE_MIN_LEAD_S` from now."""
+    width = settings.ESCALATION_TIMER_SLICE_S
+    if width <= 0:
+        return None
+    end = math.ceil(due_at.timestamp() / width) * width
+    return end if end - time.time() >= _SLICE_MIN_LEAD_S else None
+
+
+def slice_publish(*, group_id: int, due_at: datetime) -> bool:
+    """The group's timer for the slice `due_at` falls in, published by this process once.
+    True when it is published (now or before); False when the assignment needs a timer of
+    its own (`slice_end` is None) or the broker is down."""
+    end = slice_end(due_at)
+    if end is None:
+        return False
+    key = (group_id, end)
+    with _slices_lock:
+        if key in _slices:
+            return True
+    eta = datetime.fromtimestamp(end, tz=UTC)
+    if not publish(ESCALATE_GROUP_TASK, args=[group_id, eta.isoformat()], eta=eta, expires=eta + timedelta(hours=1)):
+        return False
+    with _slices_lock:
+        if len(_slices) >= _SLICES_PRUNE_AT:
+            now = time.time()
+            _slices.difference_update([k for k in _slices if k[1] < now])
+        _slices.add(key)
+    return True
+
+
+def timer_schedule_on_commit(*, assignment_id: int, due_at: datetime | None, group_id: int | None = None) -> None:
     """The SLA timer of a new assignment, published once the transaction commits."""
     if due_at is None or not within_horizon(due_at):
         return  # none, or `escalation_arm` publishes it when it comes within the horizon
-    transaction.on_commit(lambda: timer_publish(assignment_id=assignment_id, due_at=due_at))
+    transaction.on_commit(lambda: timer_publish(assignment_id=assignment_id, due_at=due_at, group_id=group_id))
 
 
-def batch_timer_schedule_on_commit(*, due_times: Iterable[datetime | None]) -> None:
-    """The SLA timers of a bulk import's batch, once it commits: one task per due time
-    within the horizon (a batch's assignments share it), which escalates whatever is due
-    then. Not one per assignment: a file of short-SLA leads would fill the worker with
-    timers. Later due times are armed one by one by `escalation_arm`; this covers the ones
-    due before its next window, which it would never publish."""
-    dues = sorted({due for due in due_times if due is not None and within_horizon(due)})
-    if dues:
-        transaction.on_commit(lambda: _batch_timers_publish(dues))
+def batch_timer_schedule_on_commit(*, timers: Iterable[tuple[int | None, datetime | None]]) -> None:
+    """The SLA timers of a batch (a bulk import's, an escalation backlog's): (group id, due
+    time) of each assignment. Once it commits, one task per group and slice within the
+    horizon, or, for those that cannot share a slice, one per due time, which escalates
+    whatever is due then. Not one per assignment: a file of short-SLA leads would fill the
+    worker with timers. Later due times are armed one by one by `escalation_arm`; this covers
+    the ones due before its next window, which it would never publish."""
+    pending = sorted({(g, due) for g, due in timers if due is not None and within_horizon(due)}, key=_by_due)
+    if pending:
+        transaction.on_commit(lambda: _batch_timers_publish(pending))
 
 
-def _batch_timers_publish(dues: list[datetime]) -> None:
-    for due in dues:
+def _by_due(timer: tuple[int | None, datetime]) -> tuple[datetime, int]:
+    return timer[1], timer[0] or 0
+
+
+def _batch_timers_publish(timers: list[tuple[int | None, datetime]]) -> None:
+    dues: set[datetime] = set()
+    for group_id, due in timers:
+        if group_id is not None and slice_publish(group_id=group_id, due_at=due):
+            continue
+        if due in dues:
+            continue
         if not publish(ESCALATE_DUE_TASK, args=[], eta=due, expires=due + timedelta(hours=1)):
             return  # the broker is down: the sweep escalates them
+        dues.add(due)
 
 
 def drain_schedule_on_commit(*, group_ids: Iterable[int | None], because: str) -> None:

@@ -532,7 +532,9 @@ def _routed_written(routed: _Routed) -> None:
 
 def _routed_announce(routed: _Routed) -> None:
     if routed.assignment is not None and routed.outbox is not None:
-        scheduling.timer_schedule_on_commit(assignment_id=routed.assignment.id, due_at=routed.lead.sla_due_at)
+        scheduling.timer_schedule_on_commit(
+            assignment_id=routed.assignment.id, due_at=routed.lead.sla_due_at, group_id=routed.assignment.group_id
+        )
         outbox_announce_on_commit(routed.outbox.id)
 
 
@@ -767,7 +769,9 @@ def _intake_locked_many_current(jobs: list[IntakeJob], now: datetime) -> list[In
         for routed, assignment_id, outbox_id in zip(with_rep, assignment_ids, outbox_ids, strict=True):
             if routed.assignment is not None and routed.outbox is not None:
                 routed.assignment.id, routed.outbox.id = assignment_id, outbox_id
-                scheduling.timer_schedule_on_commit(assignment_id=assignment_id, due_at=routed.lead.sla_due_at)
+                scheduling.timer_schedule_on_commit(
+                    assignment_id=assignment_id, due_at=routed.lead.sla_due_at, group_id=routed.lead.group_id
+                )
         outbox_announce_many_on_commit(outbox_ids)  # one drain task for the batch
 
     # Back in arrival order: the duplicates where they were, the new leads in between.

@@ -7,6 +7,7 @@ again, and the beat sweep escalates whatever is overdue in any case.
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from celery import shared_task
 from celery.app.task import Task
@@ -32,6 +33,18 @@ def escalate_assignment(self: Task, assignment_id: int) -> str:
         # Woken early (clock skew between hosts): wait for the stored due time.
         scheduling.timer_publish(assignment_id=assignment_id, due_at=result.due_at)
     return result.outcome
+
+
+@shared_task(bind=True, acks_late=True, ignore_result=True, **RETRY)
+def escalate_group_due(self: Task, group_id: int, until: str) -> dict[str, int]:
+    """The SLA timer of a group's slice: escalates the group's assignments due by `until`."""
+    try:
+        tally = actions.escalate_group_due(group_id=group_id, until=datetime.fromisoformat(until))
+    except RoutingBusy as exc:
+        raise self.retry(countdown=1, exc=exc) from exc
+    if tally:
+        logger.info("escalation timer of group %s: %s", group_id, tally)
+    return tally
 
 
 @shared_task(bind=True, acks_late=True, ignore_result=True, **RETRY)

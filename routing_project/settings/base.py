@@ -243,13 +243,25 @@ CELERY_TASK_PUBLISH_RETRY = False
 #   timers of the next two minutes (at most ESCALATION_ARM_MAX per arm run), not every pending
 #   assignment: 100,000 pending assignments stay in PostgreSQL, not in the worker. Measured
 #   (`manage.py measure_escalation`): about 9 KiB of worker memory per held timer; 100,000
-#   pending over 30 minutes -> ~4,200 held, +37 MiB. Past ESCALATION_ARM_MAX timers in one
+#   pending over 30 minutes -> ~4,200 in the window, +37 MiB one timer each, +2.5 MiB as the
+#   groups' slices (ESCALATION_TIMER_SLICE_S below). Past ESCALATION_ARM_MAX timers in one
 #   window, the rest escalate by the sweep (at most one sweep period late) instead.
 # Escalation is idempotent (locks, then re-read), so a duplicate timer costs one read.
 ESCALATION_TIMER_HORIZON_S = env.float("ESCALATION_TIMER_HORIZON_S", default=120.0)
 ESCALATION_ARM_EVERY_S = env.float("ESCALATION_ARM_EVERY_S", default=60.0)
 ESCALATION_ARM_OVERLAP_S = env.float("ESCALATION_ARM_OVERLAP_S", default=15.0)
 ESCALATION_ARM_MAX = env.int("ESCALATION_ARM_MAX", default=10_000)
+# Timers of one group due within the same slice of this many seconds share one task, published
+# once per web or worker process, due at the slice's end: a burst of leads into one group
+# (600 due within 2 s) costs the worker a few tasks, each escalating the group's whole due
+# backlog under one lock, not one task per lead, and a worker holds a few timers per group
+# and slice, not one per pending assignment. An escalation is at most this much later than
+# its due time for it. 0: one timer per assignment.
+ESCALATION_TIMER_SLICE_S = env.float("ESCALATION_TIMER_SLICE_S", default=0.25)
+if not 0 <= ESCALATION_TIMER_SLICE_S <= 5:
+    raise ImproperlyConfigured(
+        f"ESCALATION_TIMER_SLICE_S is {ESCALATION_TIMER_SLICE_S}: give 0 to 5 seconds (the SLA timer's slack)."
+    )
 # The safety net's period: a lost timer escalates at most this late (plus the sweep's run).
 ESCALATION_SWEEP_EVERY_S = env.float("ESCALATION_SWEEP_EVERY_S", default=5.0)
 ESCALATION_SWEEP_BATCH = env.int("ESCALATION_SWEEP_BATCH", default=500)

@@ -3,12 +3,14 @@
 SLAs here are seconds long (sla_minutes 0.03 = 1.8 s); the worker's beat sweeps every second.
 """
 
+import math
 import re
 import threading
 import time
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
 
@@ -51,11 +53,13 @@ def check_history(lead_id: int) -> list[Assignment]:
     return rows
 
 
-def test_timer_escalates_within_two_seconds_of_due(api, make_group, celery_worker):
+def test_timer_escalates_within_two_seconds_of_due(api, make_group, celery_worker_factory):
     group, reps = make_group(3, slug="fast", sla_minutes="0.03")
+    worker = celery_worker_factory(beat=False)  # no sweep to race it: only the timer escalates
+    worker.start()
     lead = post(api, group="fast")
     due = Lead.objects.get(pk=lead["id"]).sla_due_at
-    assert wait_for(lambda: escalations(lead["id"]), timeout=10), celery_worker.log()
+    assert wait_for(lambda: escalations(lead["id"]), timeout=10), worker.log()
     (event,) = escalations(lead["id"])[:1]
     late = (event.at - due).total_seconds()
     assert 0 <= late < 2.0, late
@@ -66,6 +70,38 @@ def test_timer_escalates_within_two_seconds_of_due(api, make_group, celery_worke
     assert stored.owner_id == reps[1].id and stored.escalations >= 1
     rows = check_history(lead["id"])
     assert rows[0].end_reason == "sla_missed" and rows[1].reason == "escalation"
+
+
+def test_a_burst_into_one_group_is_escalated_by_its_slice_timers(api, make_group, celery_worker_factory):
+    # 20 leads into one group in a moment: their timers are the group's slices (0.25 s each),
+    # a few tasks that each escalate what is due, every lead within 2 s of its due time.
+    group, reps = make_group(3, slug="fast", sla_minutes="0.05")  # 3 s
+    worker = celery_worker_factory(beat=False)  # no sweep: only the timers escalate
+    worker.start()
+    leads = [post(api, group="fast")["id"] for _ in range(20)]
+    dues = dict(Lead.objects.filter(pk__in=leads).values_list("id", "sla_due_at"))
+
+    def first() -> list[AuditEvent]:
+        return list(AuditEvent.objects.filter(type="lead.escalated", explanation__missed_attempt=1))
+
+    assert wait_for(lambda: len(first()) == 20, timeout=20), worker.log()
+    log = worker.log_path.read_text(errors="replace")
+    for event in first():
+        late = (event.at - dues[event.lead_id]).total_seconds()
+        assert 0 <= late < 2.0, (event.lead_id, late)
+        assert event.actor == "system:sla" and event.explanation["trigger"] == "timer"
+    width = settings.ESCALATION_TIMER_SLICE_S
+    slices = {math.ceil(due.timestamp() / width) for due in dues.values()}
+    second = Assignment.objects.filter(lead_id__in=leads, attempt=2).values_list("due_at", flat=True)
+    later = {math.ceil(due.timestamp() / width) for due in second}
+    received = log.count("leads.tasks.escalate_group_due[")
+    # The test's process publishes each first slice once; each of the worker's two pool
+    # processes may publish a slice of the next owners' due times once. One timer per
+    # assignment would have been 40 tasks.
+    assert 0 < received <= len(slices) + 2 * len(later) < 40, (received, slices, later)
+    assert "leads.tasks.escalate_assignment[" not in log
+    for lead_id in leads:
+        check_history(lead_id)
 
 
 def test_accept_just_before_due_keeps_the_lead(api, make_group, celery_worker):

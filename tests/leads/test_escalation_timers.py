@@ -1,5 +1,6 @@
 """Which timers get published, and when: the horizon that keeps a worker's memory bounded."""
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -7,8 +8,9 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from audit.models import AuditEvent
 from leads import actions, scheduling
-from leads.models import Assignment
+from leads.models import Assignment, Lead
 from tests.celery_worker import broker_purge
 from tests.conftest import lead_body
 
@@ -179,3 +181,90 @@ def test_arm_publishes_a_drain_for_a_new_day_under_daily_caps(make_group, monkey
     assert options["eta"] == midnight + timedelta(seconds=settings.ABSENCE_END_DRAIN_DELAY_S)
     sent.clear()
     assert actions.escalation_arm(now=midnight + timedelta(seconds=60)) == 0
+
+
+def slice_ends(dues) -> set[float]:
+    width = settings.ESCALATION_TIMER_SLICE_S
+    return {math.ceil(due.timestamp() / width) * width for due in dues}
+
+
+def test_a_burst_into_one_group_publishes_one_timer_per_slice(
+    api, make_group, empty_broker, django_capture_on_commit_callbacks
+):
+    make_group(2, slug="emea", sla_minutes="0.5")  # due in 30 s: within the horizon, published at commit
+    for _ in range(12):
+        with django_capture_on_commit_callbacks(execute=True):
+            api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    dues = list(Assignment.objects.values_list("due_at", flat=True))
+    assert len(dues) == 12
+    # One task per slice of the group's due times (a slice is 0.25 s), not one per lead.
+    assert queued_messages() == len(slice_ends(dues)) < 12
+
+
+def test_groups_do_not_share_a_slice(api, make_group, empty_broker, django_capture_on_commit_callbacks):
+    make_group(1, slug="emea", sla_minutes="0.5")
+    make_group(1, slug="apac", sla_minutes="0.5")
+    for slug in ("emea", "apac", "emea", "apac"):
+        with django_capture_on_commit_callbacks(execute=True):
+            api.post("/api/v1/leads/", lead_body(group=slug), format="json")
+    per_group = {
+        slug: slice_ends(Assignment.objects.filter(group__slug=slug).values_list("due_at", flat=True))
+        for slug in ("emea", "apac")
+    }
+    assert queued_messages() == len(per_group["emea"]) + len(per_group["apac"])
+
+
+def test_without_slices_each_assignment_has_its_own_timer(
+    api, make_group, empty_broker, settings, django_capture_on_commit_callbacks
+):
+    settings.ESCALATION_TIMER_SLICE_S = 0
+    make_group(1, slug="emea", sla_minutes="0.5")
+    for _ in range(3):
+        with django_capture_on_commit_callbacks(execute=True):
+            api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    assert queued_messages() == 3
+
+
+def test_an_assignment_due_within_a_second_has_its_own_timer(empty_broker):
+    # Its slice's task may already have run when it commits: it does not share one.
+    soon = timezone.now() + timedelta(seconds=0.5)
+    assert scheduling.slice_publish(group_id=1, due_at=soon) is False
+    assert scheduling.timer_publish(assignment_id=1, due_at=soon, group_id=1) is True
+    assert queued_messages() == 1
+
+
+def test_a_slice_is_published_again_after_the_broker_was_emptied(empty_broker):
+    due = timezone.now() + timedelta(seconds=30)
+    assert scheduling.slice_publish(group_id=1, due_at=due) is True
+    assert scheduling.slice_publish(group_id=1, due_at=due) is True
+    assert queued_messages() == 1  # once per process and slice
+    broker_purge()
+    scheduling.publish_reset()
+    assert scheduling.slice_publish(group_id=1, due_at=due) is True
+    assert queued_messages() == 1
+
+
+def test_a_slice_timer_escalates_its_group_due_by_its_end_only(api, make_group, empty_broker):
+    emea, _ = make_group(3, slug="emea", sla_minutes="60")
+    make_group(2, slug="apac", sla_minutes="60")
+    now = timezone.now()
+    ids = {}
+    for name, slug, offset in [
+        ("late_a", "emea", -5),
+        ("late_b", "emea", -1),
+        ("in_slice_later", "emea", 20),  # due after now, before the slice's end (a clock behind)
+        ("next_slice", "emea", 40),
+        ("other_group", "apac", -5),
+    ]:
+        lead = api.post("/api/v1/leads/", lead_body(group=slug), format="json").json()
+        Assignment.objects.filter(lead_id=lead["id"]).update(due_at=now + timedelta(seconds=offset))
+        Lead.objects.filter(pk=lead["id"]).update(sla_due_at=now + timedelta(seconds=offset))
+        ids[name] = lead["id"]
+    tally = actions.escalate_group_due(group_id=emea.id, until=now + timedelta(seconds=30))
+    assert tally == {"escalated": 2}, tally
+    escalated = set(AuditEvent.objects.filter(type="lead.escalated").values_list("lead_id", flat=True))
+    assert escalated == {ids["late_a"], ids["late_b"]}
+    event = AuditEvent.objects.filter(type="lead.escalated").first()
+    assert event is not None and event.actor == "system:sla" and event.explanation["trigger"] == "timer"
+    # Woken early for one of its slice: it is published again for that one's due time.
+    assert queued_messages() == 1

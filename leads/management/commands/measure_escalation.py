@@ -202,8 +202,9 @@ class Command(BaseCommand):
         self.wait_drained()
         horizon, horizon_main = rss_kib(worker.pid), rss_kib(worker.pid, children=False)
         self.stdout.write(
-            f"this design (horizon {settings.ESCALATION_TIMER_HORIZON_S:.0f} s): escalation_arm published "
-            f"{published} timers; worker RSS {horizon / 1024:.1f} MiB (+{(horizon - idle) / 1024:.1f} MiB; "
+            f"this design (horizon {settings.ESCALATION_TIMER_HORIZON_S:.0f} s, slices of "
+            f"{settings.ESCALATION_TIMER_SLICE_S:g} s): escalation_arm armed the timers of {published} "
+            f"assignments; worker RSS {horizon / 1024:.1f} MiB (+{(horizon - idle) / 1024:.1f} MiB; "
             f"main process +{(horizon_main - idle_main) / 1024:.1f} MiB)"
         )
         if skip_naive:
@@ -234,7 +235,7 @@ class Command(BaseCommand):
             ids = self.make_assignments(group, reps, dues)
             if path == "timer":
                 for assignment_id, due in zip(ids, dues, strict=True):
-                    scheduling.timer_publish(assignment_id=assignment_id, due_at=due)
+                    scheduling.timer_publish(assignment_id=assignment_id, due_at=due, group_id=group.id)
             deadline = time.monotonic() + 60
             lead_ids = list(Assignment.objects.filter(pk__in=ids).values_list("lead_id", flat=True))
             events: list[AuditEvent] = []
