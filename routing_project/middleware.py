@@ -17,7 +17,7 @@ from django.http import (
     JsonResponse,
     StreamingHttpResponse,
 )
-from django.urls import is_valid_path
+from django.urls import Resolver404, is_valid_path, resolve
 
 from . import configcache, metrics
 from .logging import request_id_var
@@ -206,6 +206,20 @@ access_logger = logging.getLogger("routing_project.access")
 _QUIET_PATHS = ("/metrics", "/healthz", "/readyz", "/static/")
 
 
+def _view_label(request: HttpRequest) -> str:
+    """The URL pattern's name of the request's view, for the HTTP histogram. A request answered
+    before URL resolution (a 413 body, a 411 chunked one, a bad Content-Length) is labelled by
+    the view its path names, so that a client's refused posts count against the endpoint they
+    were for; a path no route matches is "unmatched" (never the raw path: one series each)."""
+    match = request.resolver_match
+    if match is None:
+        try:
+            match = resolve(request.path_info, getattr(request, "urlconf", None))
+        except Resolver404:
+            return "unmatched"
+    return match.view_name or match.route
+
+
 class AccessLogMiddleware:
     """One access line per request (method, path, status, duration, request id, client name)
     and the request's duration in the HTTP histogram. The path is logged without its query
@@ -218,8 +232,7 @@ class AccessLogMiddleware:
         started = time.perf_counter()
         response = self.get_response(request)
         seconds = time.perf_counter() - started
-        match = request.resolver_match
-        view = (match.view_name or match.route) if match is not None else "unmatched"
+        view = _view_label(request)
         metrics.http_request_observed(
             method=request.method or "", view=view, status=response.status_code, seconds=seconds
         )

@@ -387,3 +387,25 @@ def test_a_bulk_import_counts_its_leads_as_intake_does(make_group, post_lead, dj
 
     assert [delta(n, group) for n in ("received", "routed", "queued", "duplicate")] == [3, 2, 0, 1]
     assert [delta(n, empty) for n in ("received", "routed", "queued", "duplicate")] == [1, 0, 1, 0]
+
+
+@pytest.mark.django_db
+def test_a_body_refused_before_its_view_counts_against_that_view(api, settings):
+    """A 413 or 411 is answered before URL resolution: it still counts as the leads endpoint's,
+    and a path no route matches as "unmatched", never by its raw path."""
+    settings.MAX_REQUEST_BODY_BYTES = 100
+    before = scrape()
+    assert api.post("/api/v1/leads/", {"notes": "x" * 200}, format="json").status_code == 413
+    r = api.generic("POST", "/api/v1/leads/", b"{}", content_type="application/json", HTTP_TRANSFER_ENCODING="chunked")
+    assert r.status_code == 411
+    assert api.post("/api/v1/no-such-thing/", {"notes": "x" * 200}, format="json").status_code == 413
+    after = scrape()
+    name = "leadrouter_http_request_duration_seconds_count"
+
+    def delta(**labels) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta(method="POST", view="lead-list", status="413") == 1
+    assert delta(method="POST", view="lead-list", status="411") == 1
+    assert delta(method="POST", view="unmatched", status="413") == 1
+    assert not [labels for n, labels in after if n == name and "no-such-thing" in str(labels)]
