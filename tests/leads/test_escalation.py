@@ -92,13 +92,14 @@ def test_a_burst_into_one_group_is_escalated_by_its_slice_timers(api, make_group
         assert event.actor == "system:sla" and event.explanation["trigger"] == "timer"
     width = settings.ESCALATION_TIMER_SLICE_S
     slices = {math.ceil(due.timestamp() / width) for due in dues.values()}
-    second = Assignment.objects.filter(lead_id__in=leads, attempt=2).values_list("due_at", flat=True)
-    later = {math.ceil(due.timestamp() / width) for due in second}
+    # Read after the log: every timer it shows is for an assignment written by then.
+    after = list(Assignment.objects.filter(lead_id__in=leads, attempt__gte=2).values_list("due_at", flat=True))
+    later = {math.ceil(due.timestamp() / width) for due in after}
     received = log.count("leads.tasks.escalate_group_due[")
     # The test's process publishes each first slice once; each of the worker's two pool
-    # processes may publish a slice of the next owners' due times once. One timer per
-    # assignment would have been 40 tasks.
-    assert 0 < received <= len(slices) + 2 * len(later) < 40, (received, slices, later)
+    # processes may publish a slice of the next owners' due times once; no assignment has a
+    # timer of its own.
+    assert 0 < received <= len(slices) + 2 * len(later), (received, slices, later)
     assert "leads.tasks.escalate_assignment[" not in log
     for lead_id in leads:
         check_history(lead_id)
