@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -632,15 +632,33 @@ def escalation_sweep(
     """
     now = now or timezone.now()
     limit = batch or settings.ESCALATION_SWEEP_BATCH
-    rows = list(
-        Assignment.objects.filter(
-            ended_at__isnull=True, accepted_at__isnull=True, due_at__isnull=False, due_at__lte=now
-        )
-        .order_by("due_at")
-        .values_list("id", "group_id")[:limit]
-    )
     tally: dict[str, int] = {}
     busy: set[int] = set()
+    passed: set[int] = set()  # failed or held by another transaction: the next sweep's
+    # Another pass while a full one made progress: a backlog larger than a pass (a burst
+    # of 600 due together) is worked off in this sweep, not one sweep period per pass. Within
+    # the sweep's own period: the next sweep then takes over.
+    stop_at = time.monotonic() + settings.ESCALATION_SWEEP_EVERY_S
+    while True:
+        rows = list(
+            Assignment.objects.filter(
+                ended_at__isnull=True, accepted_at__isnull=True, due_at__isnull=False, due_at__lte=now
+            )
+            .exclude(pk__in=passed)
+            .order_by("due_at")
+            .values_list("id", "group_id")[:limit]
+        )
+        before = (tally.get("escalated", 0) + tally.get("queued", 0), len(passed))
+        _sweep_pass(rows, actor, tally, busy, passed)
+        # Progress: something escalated, or rows the next pass will not see again.
+        progress = (tally.get("escalated", 0) + tally.get("queued", 0), len(passed)) != before
+        if len(rows) < limit or not progress or time.monotonic() >= stop_at:
+            return tally
+
+
+def _sweep_pass(
+    rows: Sequence[tuple[int, int | None]], actor: str, tally: dict[str, int], busy: set[int], passed: set[int]
+) -> None:
     for assignment_id, group_id in rows:
         if group_id in busy:
             # Its rotation stayed held past the lock timeout a moment ago: a hot group costs
@@ -662,8 +680,9 @@ def escalation_sweep(
             # with its traceback, tried again by the next sweep.
             logger.exception("escalation of assignment %s failed", assignment_id)
             outcome = "failed"
+        if outcome in ("failed", "skipped"):
+            passed.add(assignment_id)
         tally[outcome] = tally.get(outcome, 0) + 1
-    return tally
 
 
 def escalate_group_due(*, group_id: int, until: datetime, actor: str = "system:sla") -> dict[str, int]:

@@ -105,6 +105,29 @@ def test_the_sweep_counts_what_the_batches_escalated(api, make_group):
     assert all(len(escalated(row.lead_id)) == 1 for row in rows)
 
 
+def test_a_backlog_larger_than_a_sweep_pass_is_worked_off_in_one_sweep(api, make_group, settings):
+    # 7 overdue, 3 per pass (ESCALATION_SWEEP_BATCH), 2 per lock (ESCALATION_BATCH): another
+    # pass while a full one escalated something, not one sweep period per pass.
+    settings.ESCALATION_BATCH = 2
+    group, reps = make_group(8, slug="burst", sla_minutes="10")
+    rows = overdue_leads(api, "burst", 7)
+    tally = actions.escalation_sweep(batch=3)
+    assert tally["escalated"] == 7, tally
+    assert all(len(escalated(row.lead_id)) == 1 for row in rows)
+    assert actions.escalation_sweep(batch=3) == {}
+
+
+def test_a_sweep_pass_leaves_a_lead_another_transaction_holds_to_the_next_sweep(api, make_group, settings):
+    settings.ESCALATION_BATCH = 1
+    group, reps = make_group(4, slug="burst", sla_minutes="10")
+    rows = overdue_leads(api, "burst", 3)
+    with row_held(lambda: Lead.objects.select_for_update().get(pk=rows[0].lead_id)):
+        tally = actions.escalation_sweep(batch=1)
+    # Passed over once (SKIP LOCKED), not tried again pass after pass.
+    assert tally == {"skipped": 1, "escalated": 2}, tally
+    assert actions.escalation_sweep(batch=1) == {"escalated": 1}
+
+
 def test_a_busy_group_costs_the_sweep_one_lock_wait_not_one_per_overdue_lead(api, make_group, settings, monkeypatch):
     """A hot group whose rotation stays held past the lock timeout: the sweep waits for it once
     and goes on to the other groups' overdue assignments; the next sweep looks at it again."""
