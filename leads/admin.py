@@ -301,9 +301,11 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
         if obj.pk is None:
             return ""
         return format_html(
-            '<a class="button" href="{}">Assign…</a> <a href="{}">The lead\'s page</a> '
-            '<a href="{}?lead_id={}">Audit trail</a> (route again and close: from the queue\'s actions)',
+            '<a class="button" href="{}">Assign…</a> <a class="button" href="{}">Close…</a> '
+            '<a href="{}">The lead\'s page</a> '
+            '<a href="{}?lead_id={}">Audit trail</a> (route again: from the queue\'s actions)',
             reverse("admin:leads_lead_reassign", args=[obj.pk]),
+            reverse("admin:leads_lead_close", args=[obj.pk]),
             reverse("admin:leads_lead_change", args=[obj.pk]),
             reverse("admin:audit_auditevent_changelist"),
             obj.pk,

@@ -1,6 +1,6 @@
 """Managers' lead actions in the admin: assign queued leads to a rep (bulk, with an
-intermediate form), accept for the owner, route again, close, and reassign one lead from its
-page. Everything goes through `leads/actions.py`, audited as `admin:<username>`."""
+intermediate form), accept for the owner, route again, close, and reassign or close one lead
+from its page. Everything goes through `leads/actions.py`, audited as `admin:<username>`."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ from .routing import RoutingBusy
 
 def admin_actor(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}"
+
+
+class CloseForm(forms.Form):
+    outcome = forms.ChoiceField(choices=Lead.Outcome.choices, widget=forms.RadioSelect, label="Outcome")
 
 
 class RepChoiceField(forms.ModelChoiceField):
@@ -237,24 +241,29 @@ close_lost = _close_action("lost")
 
 
 class LeadActionsAdminMixin:
-    """The lead page: a "Reassign" page of its own, and the bulk actions."""
+    """The lead page: "Reassign" and "Close" pages of its own, and the bulk actions."""
 
     actions: Any = [assign_to_rep, accept_for_owner, reroute, close_won, close_lost, close_disqualified]
 
     def get_urls(self) -> list[URLPattern]:
         urls = super().get_urls()  # type: ignore[misc]
-        view = self.admin_site.admin_view(self.reassign_view)  # type: ignore[attr-defined]
-        return [path("<int:lead_id>/reassign/", view, name="leads_lead_reassign"), *urls]
+        site = self.admin_site  # type: ignore[attr-defined]
+        return [
+            path("<int:lead_id>/reassign/", site.admin_view(self.reassign_view), name="leads_lead_reassign"),
+            path("<int:lead_id>/close/", site.admin_view(self.close_view), name="leads_lead_close"),
+            *urls,
+        ]
 
     @admin.display(description="Manage")
     def manage_links(self, obj: Lead) -> str:
         if obj.pk is None:
             return ""
-        if obj.status == LeadStatus.CLOSED:  # closed for good: a "Reassign…" could only fail
+        if obj.status == LeadStatus.CLOSED:  # closed for good: a "Reassign…" or "Close…" could only fail
             return format_html("Closed ({}): not reassigned. {}", obj.get_outcome_display(), self.trail_link(obj))
         return format_html(
-            '<a class="button" href="{}">Reassign…</a> {}',
+            '<a class="button" href="{}">Reassign…</a> <a class="button" href="{}">Close…</a> {}',
             reverse("admin:leads_lead_reassign", args=[obj.pk]),
+            reverse("admin:leads_lead_close", args=[obj.pk]),
             self.trail_link(obj),
         )
 
@@ -310,6 +319,42 @@ class LeadActionsAdminMixin:
             "opts": Lead._meta,
         }
         return TemplateResponse(request, "admin/leads/reassign.html", context)
+
+    def close_view(self, request: HttpRequest, lead_id: int) -> HttpResponse:
+        """Asks for the outcome, then closes the lead as the API's close and the list's "Close
+        selected leads as …" do (`actions.lead_close`): the same lead.closed event, the rep's
+        capacity freed and the group's queue drained."""
+        lead = get_object_or_404(Lead.objects.select_related("group", "owner"), pk=lead_id)
+        if not self.has_change_permission(request, lead):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        change_page = HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
+        if lead.status == LeadStatus.CLOSED:  # an old link or a second tab: said before an outcome is picked
+            self.message_user(  # type: ignore[attr-defined]
+                request, f"Lead #{lead.pk} is already closed ({lead.get_outcome_display()}).", messages.WARNING
+            )
+            return change_page
+        form = CloseForm(request.POST if request.method == "POST" else None)
+        if form.is_bound and form.is_valid():
+            outcome = form.cleaned_data["outcome"]
+            try:
+                actions.lead_close(lead_id=lead.pk, outcome=outcome, actor=admin_actor(request))
+            except actions.LeadConflict as exc:  # closed by someone else since the page was read
+                self.message_user(request, str(exc), messages.ERROR)  # type: ignore[attr-defined]
+                return change_page
+            except RoutingBusy as exc:  # the lead's row held past the lock timeout: nothing written
+                busy = str(exc) or f"Lead #{lead.pk} is busy (being changed right now): it was not closed; retry."
+                self.message_user(request, busy, messages.ERROR)  # type: ignore[attr-defined]
+            else:
+                self.message_user(request, f"Lead #{lead.pk} closed as {outcome}.", messages.SUCCESS)  # type: ignore[attr-defined]
+                return change_page
+        context = {
+            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
+            "title": f"Close lead #{lead.pk}",
+            "form": form,
+            "lead": lead,
+            "opts": Lead._meta,
+        }
+        return TemplateResponse(request, "admin/leads/close.html", context)
 
 
 class QueueActionsAdminMixin:

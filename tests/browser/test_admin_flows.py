@@ -374,6 +374,29 @@ def test_a_lead_page_offers_reassign_only_to_those_who_may(page: Page, live: str
     page.goto(f"{live}/admin/leads/lead/{lead['id']}/change/")
     expect(page.locator("#content")).to_contain_text("Audit trail: every decision on this lead")
     expect(page.locator("#content a", has_text="Reassign")).to_have_count(0)
+    expect(page.locator("#content a", has_text="Close…")).to_have_count(0)
+
+
+def test_a_manager_closes_a_lead_from_its_page(page: Page, live: str):
+    """The lead's page has a "Close…" button: the outcome is asked, then the lead is closed,
+    audited as the manager, and its page says so."""
+    group = GroupFactory(slug="nordics", name="Nordics")
+    services.membership_add(group=group, rep=RepFactory(name="Sami Laine"), actor="test")
+    _, token = api_client_create(name="form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "aino@corp.example", "group": "nordics"})
+
+    user_in("Managers", "manager")
+    log_in(page, live, "manager")
+    page.goto(f"{live}/admin/leads/lead/{lead['id']}/change/")
+    page.click("#content a.button:has-text('Close…')")
+    expect(page.locator("#content")).to_contain_text("owned by Sami Laine")
+    page.check("input[name=outcome][value=won]")
+    page.click("input[type=submit][value='Close the lead']")
+    expect(page.locator(".messagelist .success")).to_contain_text(f"Lead #{lead['id']} closed as won.")
+    expect(page.locator("#content")).to_contain_text("Closed (Won): not reassigned.")
+    closed = Lead.objects.get(pk=lead["id"])
+    assert (closed.status, closed.outcome) == ("closed", "won")
+    assert AuditEvent.objects.get(type="lead.closed", lead_id=lead["id"]).actor == "admin:manager"
 
 
 def test_sales_ops_move_the_default_group_in_one_save(page: Page, live: str):

@@ -247,6 +247,108 @@ def test_a_closed_lead_offers_no_reassign(api, make_group, manager):
     assert not AuditEvent.objects.filter(type="lead.reassigned").exists()
 
 
+def test_close_from_the_lead_page(api, make_group, manager):
+    """A lead's page has a "Close…" button: a page that asks for the outcome, then closes the
+    lead through the same service as the API's close, with the same audit event."""
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    change = manager.get(f"/admin/leads/lead/{lead_id}/change/")
+    url = f"/admin/leads/lead/{lead_id}/close/"
+    assert change.status_code == 200 and url.encode() in change.content
+    form = manager.get(url)
+    assert form.status_code == 200
+    html = form.content.decode()
+    crumbs = html.split('class="breadcrumbs"')[1].split("</div>")[0]
+    assert f'href="/admin/leads/lead/{lead_id}/change/">Lead #{lead_id}</a>' in crumbs, crumbs
+    for outcome in ("won", "lost", "disqualified"):
+        assert f'type="radio" name="outcome" value="{outcome}"' in html, html
+    assert f"{reps[0].name} gets the capacity back" in " ".join(html.split())
+    # No outcome picked: asked again, nothing written.
+    again = manager.post(url, {})
+    assert again.status_code == 200 and b"This field is required" in again.content
+    assert Lead.objects.get(pk=lead_id).status == "assigned"
+    r = manager.post(url, {"outcome": "lost"}, follow=True)
+    assert r.redirect_chain == [(f"/admin/leads/lead/{lead_id}/change/", 302)]
+    assert [str(m) for m in r.context["messages"]] == [f"Lead #{lead_id} closed as lost."]
+    lead = Lead.objects.get(pk=lead_id)
+    assert (lead.status, lead.outcome, lead.owner_id) == ("closed", "lost", reps[0].id) and lead.closed_at
+    assert list(lead.assignments.values_list("end_reason", flat=True)) == ["closed"]
+    # The same event as a close over the API, but for the actor.
+    other = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    assert api.post(f"/api/v1/leads/{other}/close/", {"outcome": "lost"}, format="json").status_code == 200
+    ours, theirs = (AuditEvent.objects.get(type="lead.closed", lead_id=pk) for pk in (lead_id, other))
+    assert ours.actor == "admin:maria"
+    assert ours.explanation == {"outcome": "lost", "from_status": "assigned", "attempt": 1}
+    assert (ours.group, ours.explanation) == (theirs.group, theirs.explanation)
+    # Now closed: the page offers neither button.
+    html = manager.get(f"/admin/leads/lead/{lead_id}/change/").content.decode()
+    assert "Closed (Lost): not reassigned." in html and url not in html
+
+
+def test_closing_from_the_lead_page_frees_the_reps_place_for_the_queue(
+    api, make_group, manager, django_capture_on_commit_callbacks, monkeypatch
+):
+    """As a close over the API: the rep's capacity frees up and the group's waiting lead takes it."""
+    from leads import scheduling
+
+    monkeypatch.setattr(scheduling, "publish", lambda *a, **k: True)  # no worker: drained inline
+    group, (rep,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(max_open=1)
+    first = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    waiting = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    assert waiting["status"] == "queued"
+    with django_capture_on_commit_callbacks(execute=True):
+        assert manager.post(f"/admin/leads/lead/{first}/close/", {"outcome": "won"}).status_code == 302
+    assert Lead.objects.get(pk=waiting["id"]).owner_id == rep.id
+    drained = AuditEvent.objects.get(lead_id=waiting["id"], type="lead.assigned")
+    assert drained.explanation["trigger"] == "queue_drain"
+
+
+def test_a_closed_leads_close_page_says_so(api, make_group, manager):
+    """An old link or a second tab: the page says the lead is closed, and a late post writes nothing."""
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    url = f"/admin/leads/lead/{lead_id}/close/"
+    assert api.post(f"/api/v1/leads/{lead_id}/close/", {"outcome": "won"}, format="json").status_code == 200
+    r = manager.get(url, follow=True)
+    assert r.redirect_chain == [(f"/admin/leads/lead/{lead_id}/change/", 302)]
+    assert [str(m) for m in r.context["messages"]] == [f"Lead #{lead_id} is already closed (Won)."]
+    r = manager.post(url, {"outcome": "lost"}, follow=True)
+    assert [str(m) for m in r.context["messages"]] == [f"Lead #{lead_id} is already closed (Won)."]
+    assert Lead.objects.get(pk=lead_id).outcome == "won"
+    assert AuditEvent.objects.filter(type="lead.closed", lead_id=lead_id).count() == 1
+
+
+def test_a_lead_closed_by_someone_else_after_the_page_was_read_is_said(api, make_group, manager, monkeypatch):
+    """Closed over the API between the manager's page and the post: the close is refused
+    under the lead's lock, the page says why, and the first outcome stands."""
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    close = actions.lead_close
+
+    def closed_meanwhile(**kwargs):
+        close(lead_id=lead_id, outcome="won", actor="api:crm")
+        return close(**kwargs)
+
+    monkeypatch.setattr(actions, "lead_close", closed_meanwhile)
+    r = manager.post(f"/admin/leads/lead/{lead_id}/close/", {"outcome": "lost"}, follow=True)
+    assert r.redirect_chain == [(f"/admin/leads/lead/{lead_id}/change/", 302)]
+    assert [str(m) for m in r.context["messages"]] == [f"Lead {lead_id} is already closed (won)."]
+    assert Lead.objects.get(pk=lead_id).outcome == "won"
+    assert list(AuditEvent.objects.filter(type="lead.closed").values_list("actor", flat=True)) == ["api:crm"]
+
+
+def test_a_queued_lead_is_closed_from_its_page(api, make_group, manager):
+    group, reps, ids = queued_leads(api, make_group, 1)
+    html = manager.get(f"/admin/leads/queuedlead/{ids[0]}/change/").content.decode()
+    assert f'href="/admin/leads/lead/{ids[0]}/close/"' in html
+    assert manager.post(f"/admin/leads/lead/{ids[0]}/close/", {"outcome": "disqualified"}).status_code == 302
+    lead = Lead.objects.get(pk=ids[0])
+    assert (lead.status, lead.outcome, lead.queue_reason) == ("closed", "disqualified", "")
+    event = AuditEvent.objects.get(type="lead.closed", lead_id=ids[0])
+    assert event.actor == "admin:maria" and event.explanation["from_status"] == "queued"
+
+
 def test_reassigning_to_a_rep_away_says_when_the_rep_is_back_in_the_reps_time_zone(api, make_group, manager):
     from datetime import UTC, datetime, timedelta
 
@@ -321,6 +423,10 @@ def test_managers_without_change_permission_cannot_act(api, make_group, client, 
     client.force_login(user)
     group, reps, ids = queued_leads(api, make_group, 1)
     assert client.get(f"/admin/leads/lead/{ids[0]}/reassign/").status_code == 403
+    assert client.get(f"/admin/leads/lead/{ids[0]}/close/").status_code == 403
+    assert client.post(f"/admin/leads/lead/{ids[0]}/close/", {"outcome": "won"}).status_code == 403
+    page = client.get(f"/admin/leads/lead/{ids[0]}/change/").content.decode()
+    assert "/close/" not in page and "/reassign/" not in page and f"?lead_id={ids[0]}" in page
     client.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids})
     assert Lead.objects.get(pk=ids[0]).status == "queued"
 
@@ -487,6 +593,44 @@ def test_a_lead_page_saved_while_the_lead_is_locked_leaves_no_change_in_its_hist
     assert not LogEntry.objects.filter(object_id=str(lead.pk)).exists()
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.xdist_group("concurrency")
+def test_closing_a_locked_lead_from_its_page_says_to_retry(api, make_group, manager, settings):
+    """A lead whose row another transaction holds past the lock timeout is not closed: the
+    page asks again, says why and to retry, writes nothing; the same post goes through after."""
+    import threading
+
+    from django.db import connection, transaction
+
+    settings.ROUTING_LOCK_TIMEOUT_MS = 300
+    make_group(1, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    url = f"/admin/leads/lead/{lead_id}/close/"
+    before = (list(Lead.objects.values()), AuditEvent.objects.count())
+    outcome: dict = {}
+
+    def close() -> None:
+        outcome["response"] = manager.post(url, {"outcome": "won"})
+        connection.close()
+
+    with transaction.atomic():
+        Lead.objects.select_for_update().get(pk=lead_id)
+        thread = threading.Thread(target=close)
+        thread.start()
+        thread.join(timeout=10)
+        waited = thread.is_alive()
+    thread.join(timeout=30)
+    assert not waited
+    r = outcome["response"]
+    assert r.status_code == 200 and b'name="outcome"' in r.content  # the page again, to retry from
+    shown = [str(m) for m in r.context["messages"]]
+    assert shown == [f"Lead #{lead_id} is busy (being changed right now): it was not closed; retry."], shown
+    assert (list(Lead.objects.values()), AuditEvent.objects.count()) == before
+    assert manager.post(url, {"outcome": "won"}).status_code == 302
+    assert AuditEvent.objects.get(lead_id=lead_id, type="lead.closed").actor == "admin:maria"
+
+
 def test_a_manager_marks_leads_accepted_for_their_owner(api, make_group, manager):
     """The API's accept (manage scope) had no admin counterpart: a manager told by a rep that
     they took a lead could not stop its SLA clock from the admin."""
@@ -584,7 +728,7 @@ def test_a_queued_leads_page_offers_what_a_manager_can_do_and_no_save(api, make_
     client.force_login(viewer)
     other = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
     seen = client.get(f"/admin/leads/queuedlead/{other}/change/")
-    assert seen.status_code == 200 and b"/reassign/" not in seen.content
+    assert seen.status_code == 200 and b"/reassign/" not in seen.content and b"/close/" not in seen.content
 
 
 @pytest.mark.postgres
