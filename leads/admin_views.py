@@ -99,7 +99,7 @@ def import_page(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
         else:
             page = render_to_string("admin/leads/import.html", {**context, "total": total}, request)
             return StreamingHttpResponse(_import_streamed(page, steps, first, total, upload))
-    context.update({"report": report, "errors": report.errors[:200] if report else [], "error": error})
+    context.update({"report": report, **_report_rows(report), "error": error})
     return TemplateResponse(request, "admin/leads/import.html", context)
 
 
@@ -128,12 +128,18 @@ def _import_streamed(
         yield render_to_string("admin/leads/import_report.html", {"error": stopped})
     else:
         yield "<script>leadImportProgress(null)</script>\n"  # done: the bar full
-        errors = report.errors[:200] if report else []
-        yield render_to_string("admin/leads/import_report.html", {"report": report, "errors": errors})
+        yield render_to_string("admin/leads/import_report.html", {"report": report, **_report_rows(report)})
     finally:
         steps.close()
         upload.close()
     yield tail
+
+
+def _report_rows(report: ImportReport | None) -> dict[str, list[Any]]:
+    """The first 200 bad rows, and the first 200 rows repeating an earlier row's external_id."""
+    if report is None:
+        return {"errors": [], "repeats": []}
+    return {"errors": report.errors[:200], "repeats": report.repeats[:200]}
 
 
 def _columns() -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 The file is read row by row (the csv module over the open file; it is never loaded whole).
 Every row is validated with the API's own rules (`LeadInSerializer`); a bad row is reported
 with its line number and the rest are imported. A row whose `external_id` is already
-imported is skipped, so a re-run imports nothing new.
+imported is skipped, so a re-run imports nothing new; one whose `external_id` an earlier row
+of the same file gave is reported with that row's line.
 
 Valid rows are routed in batches (`batch_size`, 500 by default), one transaction per batch,
 with the same locks in the same order as intake: the emails' advisory locks (dedup), then
@@ -88,6 +89,18 @@ class RowError:
 
 
 @dataclass
+class RowRepeat:
+    """A row skipped because an earlier row of the same file gave its `external_id`."""
+
+    line: int
+    external_id: str
+    first_line: int
+
+    def __str__(self) -> str:
+        return f"line {self.line}: external_id {self.external_id!r} duplicates line {self.first_line}"
+
+
+@dataclass
 class ImportReport:
     import_id: str
     rows: int = 0
@@ -95,18 +108,25 @@ class ImportReport:
     assigned: int = 0
     queued: int = 0
     duplicates: int = 0
-    already_imported: int = 0
+    already_imported: int = 0  # repeated included
+    repeated: int = 0  # of those, the rows whose external_id an earlier row of this file gave
     invalid: int = 0
     batches: int = 0
     errors: list[RowError] = field(default_factory=list)
+    repeats: list[RowRepeat] = field(default_factory=list)  # the first MAX_ERRORS_KEPT of `repeated`
+    # When the import began: a lead created before it was not taken in by it (bulk.py looks up
+    # the line that took an external id only for the leads created since).
+    started_at: datetime = field(default_factory=timezone.now)
 
     def summary(self) -> str:
         def counted(n: int, noun: str) -> str:  # "1 row", "2 rows"
             return f"{n} {noun}{'' if n == 1 else 's'}"
 
+        repeated = f" ({self.repeated} repeating an earlier line of the file)" if self.repeated else ""
         return (
             f"{counted(self.rows, 'row')}: {self.imported} imported ({self.assigned} assigned, {self.queued} queued), "
-            f"{counted(self.duplicates, 'duplicate')}, {self.already_imported} already imported, {self.invalid} invalid"
+            f"{counted(self.duplicates, 'duplicate')}, {self.already_imported} already imported{repeated}, "
+            f"{self.invalid} invalid"
         )
 
 
@@ -572,7 +592,7 @@ def _route_batch(
     attempt was written, and the counts are added only once it committed."""
     attempts = settings.ROUTING_MAX_RETRIES + 1
     for attempt in range(attempts):
-        counts = ImportReport(import_id=report.import_id)
+        counts = ImportReport(import_id=report.import_id, started_at=report.started_at)
         try:
             with transaction.atomic():
                 _route_batch_locked(rows, groups=groups, actor=actor, report=counts, notify_reps=notify_reps)
@@ -583,8 +603,9 @@ def _route_batch(
                 continue
             raise
         break
-    for name in ("imported", "assigned", "queued", "duplicates", "already_imported"):
+    for name in ("imported", "assigned", "queued", "duplicates", "already_imported", "repeated"):
         setattr(report, name, getattr(report, name) + getattr(counts, name))
+    report.repeats.extend(counts.repeats[: max(MAX_ERRORS_KEPT - len(report.repeats), 0)])
     report.batches += 1
 
 
@@ -605,25 +626,43 @@ def _select_any(columns: str, key: str, values: list[str], order_by: str = "") -
         return cursor.fetchall()
 
 
-def _duplicate_external_ids(values: list[str]) -> set[str]:
+def _duplicate_external_ids(values: list[str], import_id: str) -> dict[str, int | None]:
     """The external ids among `values` of leads taken in as duplicates: no lead row holds
-    them, their lead.duplicate event does (indexed: audit_duplicate_external_idx)."""
+    them, their lead.duplicate event does (indexed: audit_duplicate_external_idx). Each with
+    the line of the row that took it in if that row is of this import (`import_id`), else None."""
     if not values:
-        return set()
+        return {}
     if connection.vendor != "postgresql":
-        return set(
-            AuditEvent.objects.filter(
-                type=AuditEvent.Type.LEAD_DUPLICATE, explanation__external_id__in=values
-            ).values_list("explanation__external_id", flat=True)
-        )
+        found: dict[str, int | None] = {}
+        for ext, imported_by, line in AuditEvent.objects.filter(
+            type=AuditEvent.Type.LEAD_DUPLICATE, explanation__external_id__in=values
+        ).values_list("explanation__external_id", "explanation__import", "explanation__line"):
+            previous = found.get(ext)
+            mine = line if imported_by == import_id and isinstance(line, int) else None
+            found[ext] = previous if mine is None else mine if previous is None else min(mine, previous)
+        return found
     with connection.cursor() as cursor:
         cursor.execute(
             # The type as a literal: the partial index's condition, which a parameter would hide.
-            "SELECT DISTINCT explanation ->> 'external_id' FROM audit_auditevent"
-            " WHERE type = 'lead.duplicate' AND (explanation ->> 'external_id') = ANY(%s::text[])",
-            [values],
+            "SELECT explanation ->> 'external_id',"
+            " min(CASE WHEN explanation ->> 'import' = %s THEN (explanation ->> 'line')::bigint END)"
+            " FROM audit_auditevent"
+            " WHERE type = 'lead.duplicate' AND (explanation ->> 'external_id') = ANY(%s::text[])"
+            " GROUP BY 1",
+            [import_id, values],
         )
-        return {ext for (ext,) in cursor.fetchall()}
+        return dict(cursor.fetchall())
+
+
+def _lines_taken_in(lead_ids: list[int], import_id: str) -> dict[str, int]:
+    """The external ids of these leads that this import (`import_id`) took in, each with the
+    line of its row, as the lead's lead.received event says (through audit_lead_id_idx)."""
+    if not lead_ids:
+        return {}
+    events = AuditEvent.objects.filter(
+        lead_id__in=lead_ids, type=AuditEvent.Type.LEAD_RECEIVED, explanation__import=import_id
+    ).values_list("explanation__external_id", "explanation__line")
+    return {ext: line for ext, line in events if ext and isinstance(line, int)}
 
 
 def _point_lookups(on: bool) -> None:
@@ -665,8 +704,16 @@ def _route_batch_locked(
     _point_lookups(True)
     # Idempotency by external_id: rows already imported (by an earlier run or batch) are skipped.
     external_ids = sorted({r.data["external_id"] for r in rows if r.data.get("external_id")})
-    done_ids = {ext for (ext,) in _select_any("external_id", "external_id", external_ids)}
-    done_ids |= _duplicate_external_ids(sorted(set(external_ids) - done_ids))
+    taken = _select_any("id, external_id, created_at", "external_id", external_ids)
+    done_ids = {ext for (_, ext, _) in taken}
+    duplicate_ids = _duplicate_external_ids(sorted(set(external_ids) - done_ids), report.import_id)
+    done_ids |= set(duplicate_ids)
+    # Those an earlier batch of this file took, with the line that took them: for the report.
+    # Only leads created since the import began can be its own (none on a plain re-run).
+    earlier_lines = {ext: line for ext, line in duplicate_ids.items() if line is not None}
+    earlier_lines |= _lines_taken_in(
+        [lead_id for lead_id, _, created_at in taken if created_at >= report.started_at], report.import_id
+    )
 
     # Dedup, as intake: the newest open or queued lead of the email within the group's window.
     since = now - timedelta(days=max(groups[r.group_slug].dedup_days if r.group_slug else 30 for r in rows))
@@ -695,15 +742,20 @@ def _route_batch_locked(
 
     new: list[_NewLead] = []
     duplicates: list[tuple[_NewLead | int, str, int | None, _Row, int]] = []
-    batch_external: set[str] = set()
+    batch_external: dict[str, int] = {}  # external id -> the line of this batch that took it
     batch_email: dict[str, _NewLead] = {}
     for row in rows:
         ext = row.data.get("external_id") or ""
         if ext and (ext in done_ids or ext in batch_external):
             report.already_imported += 1
+            first_line = batch_external.get(ext) or earlier_lines.get(ext)
+            if first_line is not None:  # an earlier row of this file, not an earlier run or the API
+                report.repeated += 1
+                if len(report.repeats) < MAX_ERRORS_KEPT:
+                    report.repeats.append(RowRepeat(row.line, ext, first_line))
             continue
         if ext:
-            batch_external.add(ext)
+            batch_external[ext] = row.line
         group = turns[groups[row.group_slug].id].state.group if row.group_slug else None
         window = group.dedup_days if group else 30
         # The same email earlier in this batch: a duplicate, as intake would find it, unless the

@@ -247,6 +247,58 @@ def test_an_external_id_posted_over_the_api_or_repeated_in_the_file_is_imported_
     assert (report.imported, report.already_imported, report.duplicates) == (1, 2, 0)
     assert list(Lead.objects.filter(external_id="crm-1").values_list("id", flat=True)) == [posted["id"]]
     assert list(Lead.objects.filter(external_id="crm-2").values_list("email", flat=True)) == ["first@customer.example"]
+    # The repeat names the line it repeats; the id posted over the API repeats no line.
+    assert report.repeated == 1
+    assert [str(r) for r in report.repeats] == ["line 4: external_id 'crm-2' duplicates line 3"]
+    assert "2 already imported (1 repeating an earlier line of the file)" in report.summary()
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["thread", "process"])
+def test_a_row_repeating_an_external_id_of_an_earlier_batch_names_that_line(make_group, parallel):
+    """The earlier row may be in a batch committed before: its line is read back from its
+    audit event (a lead's lead.received, or a duplicate's lead.duplicate), not kept in memory."""
+    make_group(2, slug="emea")
+    report = run(
+        csv_of(
+            "g-1,one@customer.example,Jane,Acme,FR,1,emea,",  # line 2
+            "g-2,ONE@customer.example,Jane,Acme,FR,1,emea,",  # line 3: taken in as a duplicate of g-1
+            "g-3,three@customer.example,Jane,Acme,FR,1,emea,",  # line 4
+            "g-1,other@customer.example,John,Other,DE,2,emea,",  # line 5: g-1 again, a later batch
+            "g-2,two@customer.example,John,Other,DE,2,emea,",  # line 6: g-2 again
+            "g-3,three@customer.example,Jane,Acme,FR,1,emea,",  # line 7: g-3 again, the same batch
+        ),
+        batch_size=2,
+        parallel=parallel,
+    )
+    assert (report.imported, report.duplicates, report.already_imported, report.repeated) == (2, 1, 3, 3)
+    assert [str(r) for r in report.repeats] == [
+        "line 5: external_id 'g-1' duplicates line 2",
+        "line 6: external_id 'g-2' duplicates line 3",
+        "line 7: external_id 'g-3' duplicates line 4",
+    ]
+    assert sorted(Lead.objects.values_list("external_id", flat=True)) == ["g-1", "g-3"]
+
+
+def test_a_rerun_names_no_line_for_the_rows_an_earlier_run_took(make_group):
+    """On a re-run every row is already imported by the earlier run: none repeats a line of
+    this one (and the leads of the earlier run are not looked up in the audit trail)."""
+    make_group(2, slug="emea")
+    rows = ("h-1,one@customer.example,Jane,Acme,FR,1,emea,", "h-2,two@customer.example,Jane,Acme,FR,1,emea,")
+    first = run(csv_of(*rows, rows[0]), batch_size=1)
+    assert [str(r) for r in first.repeats] == ["line 4: external_id 'h-1' duplicates line 2"]
+    second = run(csv_of(*rows, rows[0]), batch_size=1)
+    assert (second.already_imported, second.repeated, second.repeats) == (3, 0, [])
+    assert "3 already imported," in second.summary()
+
+
+def test_the_rows_named_as_repeats_are_bounded(make_group, monkeypatch):
+    from leads import bulk
+
+    monkeypatch.setattr(bulk, "MAX_ERRORS_KEPT", 3)
+    make_group(2, slug="emea")
+    report = run(csv_of("k-1,one@customer.example,Jane,Acme,FR,1,emea,", *["k-1,x@customer.example,,,,,emea,"] * 7))
+    assert (report.already_imported, report.repeated, len(report.repeats)) == (7, 7, 3)
+    assert [r.line for r in report.repeats] == [3, 4, 5]
 
 
 def test_dedup_as_intake_in_the_database_and_in_the_file(make_group, post_lead):
@@ -378,6 +430,27 @@ def test_the_command_reports_and_counts(make_group, tmp_path: Path, capsys):
     path.write_text("colour\nred\n")
     with pytest.raises(CommandError, match="unknown columns"):
         call_command("import_leads", str(path), "--no-progress")
+
+
+def test_the_command_names_the_line_a_repeated_external_id_duplicates(make_group, tmp_path: Path):
+    make_group(2, slug="emea")
+    rows = good_rows(3)
+    path = tmp_path / "leads.csv"
+    path.write_text(HEADER + "\n".join([*rows, rows[0], rows[2]]) + "\n")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", "--batch-size", "2", stdout=out, stderr=err)
+    assert "2 already imported (2 repeating an earlier line of the file)" in out.getvalue()
+    assert err.getvalue().splitlines() == [
+        "line 5: external_id 'x-0' duplicates line 2",
+        "line 6: external_id 'x-2' duplicates line 4",
+    ]
+    err = io.StringIO()
+    path.write_text(HEADER + "\n".join([*good_rows(3, prefix="y"), *[good_rows(1, prefix="y")[0]] * 3]) + "\n")
+    call_command("import_leads", str(path), "--no-progress", "--show-errors", "1", stdout=io.StringIO(), stderr=err)
+    assert err.getvalue().splitlines() == [
+        "line 5: external_id 'y-0' duplicates line 2",
+        "... and 2 more rows repeating an earlier line",
+    ]
 
 
 def test_the_command_refuses_a_negative_show_errors(make_group, tmp_path: Path):

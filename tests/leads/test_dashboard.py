@@ -136,6 +136,18 @@ def test_upload_imports_and_lists_bad_lines(admin_client, make_group):
     assert "unknown columns" in html_of(bad)
 
 
+def test_upload_names_the_line_a_repeated_external_id_duplicates(admin_client, make_group):
+    make_group(2, slug="emea")
+    rows = ("u-1,one@customer.example,emea", "u-2,two@customer.example,emea", "u-1,x@customer.example,emea")
+    body = ("external_id,email,group\n" + "".join(f"{row}\n" for row in rows)).encode()
+    response = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body, "text/csv")})
+    html = " ".join(html_of(response).split())
+    assert "1 already imported (1 repeating an earlier line of the file)" in html
+    table = html.split('id="import-repeats"')[1].split("</table>")[0]
+    assert "<tr><td>4</td><td><code>u-1</code></td><td>2</td></tr>" in table, table
+    assert Lead.objects.get(external_id="u-1").email == "one@customer.example"
+
+
 def test_an_upload_shows_its_progress_batch_by_batch(admin_client, make_group):
     """The page arrives in parts: the bar first, one update per batch committed, then the
     report (a browser shows each part as it comes)."""

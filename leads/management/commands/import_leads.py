@@ -13,7 +13,8 @@ class Command(BaseCommand):
     help = (
         "Imports and routes the leads of a CSV file (header: the API's lead fields, plus "
         "attributes.<key> columns). Streams the file, reports bad rows by line number and "
-        "imports the rest; rows whose external_id was imported already are skipped. Exit status: "
+        "imports the rest; rows whose external_id was imported already are skipped (those that "
+        "repeat an earlier row of the file are listed with its line). Exit status: "
         "0 when the file was read to its end (bad rows, if any, are listed on stderr and counted "
         "in the summary); 1 when the file cannot be imported (missing, unreadable, empty, bad header) or an "
         "error stopped the import; 130 when interrupted (Ctrl-C): the batches committed before "
@@ -30,7 +31,10 @@ class Command(BaseCommand):
             "--show-errors",
             type=int,
             default=50,
-            help=f"How many bad rows to print (at most {MAX_ERRORS_KEPT} are kept).",
+            help=(
+                f"How many bad rows, and how many rows repeating an earlier row's external_id, to print "
+                f"(at most {MAX_ERRORS_KEPT} of each are kept)."
+            ),
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -100,6 +104,11 @@ class Command(BaseCommand):
             self.stderr.write(str(error))
         if report.invalid > len(shown):
             self.stderr.write(f"... and {report.invalid - len(shown)} more bad rows")
+        repeats = report.repeats[: options["show_errors"]]
+        for repeat in repeats:
+            self.stderr.write(str(repeat))
+        if report.repeated > len(repeats):
+            self.stderr.write(f"... and {report.repeated - len(repeats)} more rows repeating an earlier line")
         rate = report.rows / elapsed if elapsed else 0
         self.stdout.write(f"{report.summary()} in {elapsed:.1f} s ({rate:.0f} rows/s), import id {report.import_id}")
 
