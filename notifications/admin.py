@@ -2,6 +2,7 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import models, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -177,6 +178,33 @@ class MessageEventFilter(EventFilter):
     parameter_name = field = "event"
 
 
+def lead_shown(message: OutboxMessage) -> str:
+    """The lead a message announces, as its payload names it (the contact as sent: the outbox
+    row holds it, so the list reads no lead), linked to the lead's page."""
+    lead = message.payload.get("lead") if isinstance(message.payload, dict) else None
+    lead = lead if isinstance(lead, dict) else {}
+    name = " ".join(str(lead.get(f) or "").strip() for f in ("first_name", "last_name")).strip()
+    email = str(lead.get("email") or "")
+    who = f"{name} <{email}>" if name and email else name or email
+    url = reverse("admin:leads_lead_change", args=[message.lead_id])
+    if not who:
+        return format_html('<a href="{}">#{}</a>', url, message.lead_id)
+    return format_html('<a href="{}">#{}</a> {}', url, message.lead_id, who)
+
+
+def _related_shown(message: OutboxMessage, name: str) -> str:
+    """The message's group or rep by name. Its key has no constraint: one deleted since is
+    said with the id the message names, not shown as none."""
+    key = getattr(message, f"{name}_id")
+    if key is None:
+        return "-"
+    try:
+        related = getattr(message, name)  # joined by the list (list_select_related)
+    except ObjectDoesNotExist:
+        related = None
+    return str(related) if related is not None else f"#{key} (deleted)"
+
+
 def lead_id_search(queryset: Any, term: str, field: str) -> Any | None:
     """A number is a lead id, compared as a number: Django's "=lead_id" search compares the
     ids as text, which reads and converts every row (five times slower here)."""
@@ -265,7 +293,7 @@ class DeliveryAdmin(admin.ModelAdmin):
 
     @admin.display(description="Lead", ordering="message__lead_id")
     def lead_link(self, obj: Delivery) -> str:
-        return format_html('<a href="/admin/leads/lead/{}/change/">#{}</a>', obj.message.lead_id, obj.message.lead_id)
+        return lead_shown(obj.message)
 
     @admin.display(description="Last error")
     def short_error(self, obj: Delivery) -> str:
@@ -289,7 +317,11 @@ class DeliveryAdmin(admin.ModelAdmin):
 
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(admin.ModelAdmin):
-    list_display = ("id", "event", "lead_id", "group_id", "rep_id", "created_at", "dispatched_at")
+    """The outbox: each lead event to announce, for which lead, group and rep, and when it was
+    fanned out into deliveries."""
+
+    list_display = ("id", "event", "lead", "group_shown", "rep_shown", "created_at", "dispatched_at")
+    list_select_related = ("group", "rep")  # one query for the page, not one per row
     list_filter = (MessageEventFilter,)
     search_fields = ("=lead_id",)
     show_full_result_count = False
@@ -301,6 +333,18 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         if by_lead is not None:
             return by_lead, False
         return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description="Lead", ordering="lead_id")
+    def lead(self, obj: OutboxMessage) -> str:
+        return lead_shown(obj)
+
+    @admin.display(description="Group")
+    def group_shown(self, obj: OutboxMessage) -> str:
+        return _related_shown(obj, "group")
+
+    @admin.display(description="Rep")
+    def rep_shown(self, obj: OutboxMessage) -> str:
+        return _related_shown(obj, "rep")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -95,9 +95,17 @@ class OutboxMessage(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     event = models.CharField(max_length=40)
-    lead_id = models.BigIntegerField()
-    group_id = models.BigIntegerField(null=True, blank=True)
-    rep_id = models.BigIntegerField(null=True, blank=True)
+    lead_id = models.BigIntegerField()  # no key: notifications sits below leads (leads writes here)
+    # The group whose webhooks hear of it and the rep it is for: keys for the admin's list to
+    # join (`list_select_related`), without a database constraint or index: nothing more to
+    # check or write on each intake's insert, and a group or rep deleted later leaves the
+    # message as it was sent (the list then shows the id it names).
+    group = models.ForeignKey(
+        Group, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    rep = models.ForeignKey(
+        Rep, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
     payload = models.JSONField(default=dict)
     created_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)

@@ -339,6 +339,43 @@ def test_delivery_log_in_the_admin(admin_client, post_lead, make_group, receiver
     assert detail.status_code == 200
 
 
+def test_the_outbox_list_names_the_lead_group_and_rep(admin_client, post_lead, make_group):
+    """It showed the lead, group and rep as bare ids: the lead as its payload names it (linked
+    to its page), the group by slug, the rep by name; one deleted since by the id it named.
+    (tests/rotation/test_admin.py counts the page's queries for 4 and 40 messages.)"""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    group, reps = make_group(2, slug="emea")
+    lead = post_lead(group="emea", first_name="Ana", last_name="Souza", email="ana@customer.example").json()
+    message = OutboxMessage.objects.get(lead_id=lead["id"])
+    gone = make_group(1, slug="gone")[0]
+    OutboxMessage.objects.create(
+        event="lead.rerouted", lead_id=lead["id"], group_id=gone.pk, rep_id=10**9, created_at=message.created_at
+    )
+    gone_id = gone.pk
+    gone.delete()  # the key has no constraint: the message keeps the id
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get("/admin/notifications/outboxmessage/")
+    assert page.status_code == 200 and len(page.context["cl"].result_list) == 2
+    html = " ".join(page.content.decode().split())
+    link = f'<a href="/admin/leads/lead/{lead["id"]}/change/">#{lead["id"]}</a>'
+    assert f"{link} Ana Souza &lt;ana@customer.example&gt;" in html
+    assert '<td class="field-group_shown">emea</td>' in html
+    assert f'<td class="field-rep_shown">{reps[0].name}</td>' in html
+    assert f'<td class="field-group_shown">#{gone_id} (deleted)</td>' in html
+    assert f'<td class="field-rep_shown">#{10**9} (deleted)</td>' in html
+    # The groups and reps come joined to the page's select.
+    (select,) = [q["sql"] for q in queries.captured_queries if 'FROM "notifications_outboxmessage"' in q["sql"]][-1:]
+    assert 'LEFT OUTER JOIN "rotation_group"' in select and 'LEFT OUTER JOIN "rotation_rep"' in select, select
+    # The delivery log names the lead the same way.
+    services.outbox_dispatch_pending()
+    deliveries = " ".join(admin_client.get("/admin/notifications/delivery/").content.decode().split())
+    assert f"{link} Ana Souza &lt;ana@customer.example&gt;" in deliveries
+    detail = admin_client.get(f"/admin/notifications/outboxmessage/{message.pk}/change/")
+    assert detail.status_code == 200 and "emea" in detail.content.decode()
+
+
 def test_a_deliverys_payload_reads_names_as_written(admin_client, post_lead, make_group):
     """The payload on a delivery's page was dumped as ASCII JSON: a lead from Café Müller read
     "Caf\\u00e9 M\\u00fcller" to the sales ops and managers reading the delivery log."""

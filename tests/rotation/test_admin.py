@@ -43,6 +43,7 @@ def fill(api, make_group, groups: int, leads: int) -> None:
         "/admin/audit/auditevent/",
         "/admin/rotation/routingrule/",
         "/admin/leads/apiclient/",
+        "/admin/notifications/outboxmessage/",
     ],
 )
 def test_list_pages_have_no_n_plus_1(staff, api, make_group, url):
