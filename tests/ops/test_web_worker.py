@@ -99,6 +99,40 @@ def _server_sockets(pid: int, port: int) -> int:
     return held
 
 
+def _listening(pid: int, port: int) -> bool:
+    """Whether worker `pid` has the listening socket on `port` in its event loop's poller:
+    it registers it only in its loop (once the application is loaded), and only while it is
+    its turn to take connections (fdinfo of the worker's epoll instance, from /proc)."""
+    inodes = set()
+    for table_path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table_path).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
+                inodes.add(fields[9])
+    listener_fds, epoll_fds = set(), []
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                listener_fds.add(fd.name)
+            elif target == "anon_inode:[eventpoll]":
+                epoll_fds.append(fd.name)
+        for fd_name in epoll_fds:
+            for line in Path(f"/proc/{pid}/fdinfo/{fd_name}").read_text().splitlines():
+                if line.startswith("tfd:") and line.split()[1] in listener_fds:
+                    return True
+    except OSError:  # the worker is gone, or closed the fd meanwhile
+        return False
+    return False
+
+
 def _workers(master: int) -> list[int]:
     children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
     return sorted(int(pid) for pid in children)
@@ -118,11 +152,16 @@ def test_keep_alive_clients_are_spread_evenly_and_none_waits_for_a_dead_worker(t
     with gunicorn(tmp_path, WEB_WORKERS="2", WEB_THREADS="2") as server:
         port = server.port
         try:
-            deadline = time.monotonic() + 30
-            while len(_workers(server.process.pid)) < 2:
+            # Both workers in their loops, each holding as few connections as the other (the
+            # start-up probe's connection closed): both listen. A worker still loading the
+            # application takes no connection, and its sibling then takes them all.
+            deadline = time.monotonic() + 60
+            while True:
+                workers = _workers(server.process.pid)
+                if len(workers) == 2 and all(_listening(pid, port) for pid in workers):
+                    break
                 assert time.monotonic() < deadline, server.log_tail()
-                time.sleep(0.1)
-            time.sleep(0.5)  # the start-up probe's connection closed; both workers in their loops
+                time.sleep(0.05)
 
             # Clients connecting one after another, each keeping its connection open: a worker
             # listens only while it holds no more than its sibling, so they end up 6 and 5.
