@@ -38,8 +38,21 @@ stop_child() {
     done
     kill -KILL -- "-$child" "-$watchdog" 2>/dev/null || true
 }
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
+# Stops every process this script started: its jobs, not only those in pids, since a signal
+# can run the trap between a process's start and its entry in pids (the web server, left
+# running, and this script waiting for it). A signal then ends the script, which would
+# otherwise go on to start what was left to start. A second signal (Ctrl-C again) changes
+# nothing: the script returns once everything it started has stopped.
+cleanup() {
+    local started
+    trap '' INT TERM
+    started=$(jobs -p)
+    [ -z "$started" ] || kill $started 2>/dev/null || true
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # Runs a command in the background, and again whenever it stops on its own (a worker killed
 # mid-escalation, out of memory): the web keeps taking leads meanwhile, and the restarted
