@@ -179,8 +179,12 @@ def test_make_run_stopped_as_a_whole_leaves_celery_to_stop_its_own_pool(tmp_path
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
     base = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT")}
+    # As a terminal's foreground job, SIGINT and SIGQUIT taking their default action: a shell
+    # starts a background command with them ignored, and bash cannot trap a signal ignored at
+    # its start, so a suite run in the background (`make test &`, a script's `nohup ... &`)
+    # handed run.sh a Ctrl-C that nothing in it could act on, and this test waited in vain.
     run = subprocess.Popen(
-        ["bash", str(tmp_path / "scripts" / "run.sh")],
+        ["env", "--default-signal=HUP,INT,QUIT", "bash", str(tmp_path / "scripts" / "run.sh")],
         cwd=tmp_path,
         env={**base, "VENV": ".venv", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
         stdout=subprocess.DEVNULL,
