@@ -62,12 +62,15 @@ trap 'exit 143' TERM
 # make run's group (Ctrl-C, `kill -- -PGID`, a service manager): given straight to a worker's
 # pool processes, it killed them holding the pool's queue lock and the worker hung in its
 # shutdown; and Celery, signalled again while its first handler ran, deadlocked in it (beat).
+# The trap runs between two commands, so it can run after the command has started and before
+# `child=$!`: it takes the command's pid from $! whenever $! has changed since `before`.
 keep_running() {
-    local log=$1 child='' status
+    local log=$1 child='' status before=${!-}
     shift
     : >"$log"
-    trap 'trap "" TERM INT; stop_child; exit 0' TERM INT
+    trap 'trap "" TERM INT; [ "${!-}" = "$before" ] || child=$!; stop_child; exit 0' TERM INT
     while true; do
+        before=${!-}
         set -m
         "$@" >>"$log" 2>&1 &
         child=$!
