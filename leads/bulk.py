@@ -49,7 +49,7 @@ from audit.models import AuditEvent
 from audit.services import Event, audit_record_bulk
 from notifications.services import outbox_add_many
 from rotation.eligibility import MemberFacts
-from rotation.models import Account, Group, RotationState
+from rotation.models import Group, RotationState
 from rotation.rules import lead_facts, match_rules
 from routing_project import metrics
 from routing_project.api import json_loads_client
@@ -730,8 +730,7 @@ def _route_batch_locked(
     slugs = dict(Group.objects.filter(pk__in={v[2] for v in open_by_email.values()}).values_list("id", "slug"))
 
     # Account ownership (sticky routing), looked up by domain for the whole batch.
-    domains = {ownership.email_domain(r.email_normalized) for r in rows} - {""}
-    owners = dict(Account.objects.filter(domain__in=domains, owner__active=True).values_list("domain", "owner_id"))
+    owners = ownership.account_owners(ownership.email_domain(r.email_normalized) for r in rows)
 
     # The locks: each group's rotation row once for the whole batch, in group id order.
     turns: dict[int, _GroupTurn] = {}

@@ -567,19 +567,25 @@ def test_account_owners_take_their_leads_without_moving_the_rotation(make_group)
 
     group, reps = make_group(3, slug="emea")
     Account.objects.create(domain="bigco.example", owner=reps[2])
+    # An account whose owner is inactive everywhere routes through the rotation.
+    Account.objects.create(domain="gone.example", owner=RepFactory(active=False))
     run(
         csv_of(
             "o-1,a@customer.example,Jane,Acme,FR,1,emea,",
             "o-2,b@BigCo.example,Jane,BigCo,FR,1,emea,",
             "o-3,c@customer.example,Jane,Acme,FR,1,emea,",
+            "o-4,d@gone.example,Jane,Gone,FR,1,emea,",
         )
     )
-    owners = [Lead.objects.get(external_id=f"o-{i}").owner_id for i in (1, 2, 3)]
-    assert owners == [reps[0].id, reps[2].id, reps[1].id]  # the owner match skipped no turn
+    owners = [Lead.objects.get(external_id=f"o-{i}").owner_id for i in (1, 2, 3, 4)]
+    assert owners == [reps[0].id, reps[2].id, reps[1].id, reps[2].id]  # the owner match skipped no turn
     assert Assignment.objects.get(lead__external_id="o-2").reason == "owner_match"
     ex = AuditEvent.objects.get(lead_id=Lead.objects.get(external_id="o-2").id, type="lead.assigned").explanation
     assert ex["reason"] == "owner_match" and ex["pointer_before"] == ex["pointer_after"] == 1
-    assert RotationState.objects.get(group=group).turns == 2
+    assert RotationState.objects.get(group=group).turns == 3
+    # As intake: an inactive rep's account is no owner match to skip; nothing is said of it.
+    ex = AuditEvent.objects.get(lead_id=Lead.objects.get(external_id="o-4").id, type="lead.assigned").explanation
+    assert "owner_match" not in ex
 
 
 def rotation_row_held(group) -> AbstractContextManager[threading.Event]:
