@@ -9,7 +9,9 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.conf import settings
+from django.urls import reverse
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import parsers, serializers
 from rest_framework.exceptions import NotAcceptable, ParseError
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -156,6 +158,26 @@ def structured_json(content_type: str | None) -> bool:
     """`application/<name>+json` (RFC 6839's structured syntax suffix), JSON Patch excepted."""
     media = (content_type or "").split(";", 1)[0].strip().lower()
     return media.startswith("application/") and media.endswith("+json") and media != "application/json-patch+json"
+
+
+CREATED_LOCATION = OpenApiParameter(
+    "Location", str, OpenApiParameter.HEADER, required=True, response=[201], description="The new resource's URL."
+)
+
+
+class CreatedLocationMixin:
+    """A 201 says where the resource it created lives (`Location`), as intake's does: a
+    client that created a group, rep, rule, membership or absence addresses it next (PATCH,
+    DELETE) without building the URL itself. DRF's own header needs a `url` field in the body,
+    which these resources do not have. `location_field` is the body's field that the detail
+    route takes (slug, id, or the member's rep id)."""
+
+    location_field = "id"
+
+    def get_success_headers(self, data: Any) -> dict[str, str]:
+        lookup = self.lookup_url_kwarg or self.lookup_field  # type: ignore[attr-defined]
+        kwargs = {**self.kwargs, lookup: data[self.location_field]}  # type: ignore[attr-defined]
+        return {"Location": reverse(f"{self.basename}-detail", kwargs=kwargs)}  # type: ignore[attr-defined]
 
 
 class RejectUnknownFieldsMixin:

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rotation import services
 from rotation.models import Absence, Group, Rep, RoutingRule
 from rotation.rules import LEAD_FIELDS, MAX_ATTRIBUTE_KEY, MAX_CONDITIONS, OPERATORS, RuleError, validate_conditions
-from routing_project.api import RejectUnknownFieldsMixin
+from routing_project.api import CREATED_LOCATION, CreatedLocationMixin, RejectUnknownFieldsMixin
 
 from .views import ERRORS, actor_of
 
@@ -104,12 +104,12 @@ class RuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 
 @extend_schema_view(
     list=extend_schema(responses={200: RuleSerializer(many=True), **ERRORS}),
-    create=extend_schema(responses={201: RuleSerializer, **ERRORS}),
+    create=extend_schema(parameters=[CREATED_LOCATION], responses={201: RuleSerializer, **ERRORS}),
     retrieve=extend_schema(responses={200: RuleSerializer, **ERRORS}),
     partial_update=extend_schema(responses={200: RuleSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
-class RuleViewSet(viewsets.ModelViewSet):
+class RuleViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
     # SPEC's contract updates with PATCH; a PUT would have to resend fields it cannot change.
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     """Routing rules, tried by ascending priority; the first whose conditions all hold wins."""
@@ -158,10 +158,11 @@ class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 
 @extend_schema_view(
     list=extend_schema(responses={200: AbsenceSerializer(many=True), **ERRORS}),
-    create=extend_schema(responses={201: AbsenceSerializer, **ERRORS}),
+    create=extend_schema(parameters=[CREATED_LOCATION], responses={201: AbsenceSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
 class AbsenceViewSet(
+    CreatedLocationMixin,
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
     mixins.DestroyModelMixin,

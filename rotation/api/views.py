@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from rotation import services
 from rotation.models import Group, Membership, Rep
+from routing_project.api import CREATED_LOCATION, CreatedLocationMixin
 from routing_project.exceptions import Conflict
 
 from .serializers import (
@@ -37,16 +38,17 @@ def _changed(serializer: serializers.BaseSerializer) -> list[str]:
 
 @extend_schema_view(
     list=extend_schema(responses={200: GroupSerializer(many=True), **ERRORS}),
-    create=extend_schema(responses={201: GroupSerializer, **ERRORS}),
+    create=extend_schema(parameters=[CREATED_LOCATION], responses={201: GroupSerializer, **ERRORS}),
     retrieve=extend_schema(responses={200: GroupSerializer, **ERRORS}),
     partial_update=extend_schema(request=GroupUpdateSerializer, responses={200: GroupSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, 409: ERROR, **ERRORS}),
 )
-class GroupViewSet(viewsets.ModelViewSet):
+class GroupViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
     # SPEC's contract updates with PATCH; a PUT would have to resend fields it cannot change.
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
     serializer_class = GroupSerializer
     lookup_field = "slug"
+    location_field = "slug"
     lookup_value_regex = r"[-a-zA-Z0-9_]+"  # anything else names no group: a 404 from the URL conf
     required_scope = "manage"
     queryset = Group.objects.order_by("slug")
@@ -75,11 +77,12 @@ class GroupViewSet(viewsets.ModelViewSet):
 
 @extend_schema_view(
     list=extend_schema(responses={200: RepSerializer(many=True), **ERRORS}),
-    create=extend_schema(responses={201: RepSerializer, **ERRORS}),
+    create=extend_schema(parameters=[CREATED_LOCATION], responses={201: RepSerializer, **ERRORS}),
     retrieve=extend_schema(responses={200: RepSerializer, **ERRORS}),
     partial_update=extend_schema(responses={200: RepSerializer, **ERRORS}),
 )
 class RepViewSet(
+    CreatedLocationMixin,
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -106,11 +109,12 @@ class RepViewSet(
 
 @extend_schema_view(
     list=extend_schema(responses={200: MembershipSerializer(many=True), **ERRORS}),
-    create=extend_schema(responses={201: MembershipSerializer, **ERRORS}),
+    create=extend_schema(parameters=[CREATED_LOCATION], responses={201: MembershipSerializer, **ERRORS}),
     partial_update=extend_schema(request=MembershipUpdateSerializer, responses={200: MembershipSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
 class MembershipViewSet(
+    CreatedLocationMixin,
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
     mixins.UpdateModelMixin,
@@ -125,6 +129,7 @@ class MembershipViewSet(
     required_scope = "manage"
     lookup_field = "rep_id"
     lookup_url_kwarg = "rep_id"
+    location_field = "rep"
     lookup_value_regex = r"[0-9]+"
     pagination_class = None
 

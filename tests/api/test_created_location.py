@@ -1,0 +1,56 @@
+"""Every 201 says where the created resource lives (Location), as intake's does, and the
+address it gives is the one that resource answers at."""
+
+import pytest
+from django.test import Client
+
+pytestmark = pytest.mark.django_db
+
+
+def test_each_configuration_resource_created_answers_with_its_location(api, make_group):
+    _group, (rep,) = make_group(1, slug="north")
+
+    group = api.post("/api/v1/groups/", {"slug": "south", "name": "South"}, format="json")
+    assert group.status_code == 201 and group["Location"] == "/api/v1/groups/south/"
+    assert api.get(group["Location"]).json()["slug"] == "south"
+
+    new_rep = api.post("/api/v1/reps/", {"name": "Ada", "email": "ada@reps.example"}, format="json")
+    rep_id = new_rep.json()["id"]
+    assert new_rep.status_code == 201 and new_rep["Location"] == f"/api/v1/reps/{rep_id}/"
+    assert api.get(new_rep["Location"]).json()["email"] == "ada@reps.example"
+
+    member = api.post("/api/v1/groups/south/members/", {"rep": rep_id}, format="json")
+    assert member.status_code == 201 and member["Location"] == f"/api/v1/groups/south/members/{rep_id}/"
+    assert api.patch(member["Location"], {"weight": 2}, format="json").json()["weight"] == 2
+
+    rule = api.post(
+        "/api/v1/rules/",
+        {"name": "France", "conditions": [{"field": "country", "op": "equals", "value": "FR"}], "group": "south"},
+        format="json",
+    )
+    assert rule.status_code == 201 and rule["Location"] == f"/api/v1/rules/{rule.json()['id']}/"
+    assert api.get(rule["Location"]).json()["name"] == "France"
+
+    absence = api.post(
+        f"/api/v1/reps/{rep.pk}/absences/",
+        {"starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-02T00:00:00Z"},
+        format="json",
+    )
+    assert absence.status_code == 201
+    assert absence["Location"] == f"/api/v1/reps/{rep.pk}/absences/{absence.json()['id']}/"
+    assert api.delete(absence["Location"]).status_code == 204
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/groups/",
+        "/api/v1/reps/",
+        "/api/v1/rules/",
+        "/api/v1/groups/{group_slug}/members/",
+        "/api/v1/reps/{rep_id}/absences/",
+    ],
+)
+def test_the_schema_documents_the_location_of_each_201(path):
+    operation = Client().get("/api/schema/?format=json").json()["paths"][path]["post"]
+    assert operation["responses"]["201"]["headers"]["Location"]["required"] is True
