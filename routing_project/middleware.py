@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from django.conf import settings
+from django.core.exceptions import TooManyFieldsSent
 from django.db import DataError, OperationalError
 from django.http import (
     FileResponse,
@@ -141,7 +142,10 @@ class NoStoreMiddleware:
 
 
 class BodySizeLimitMiddleware:
-    """413 for API bodies over the limit, before anything reads them."""
+    """413 for API bodies over the limit, before anything reads them; and a JSON 400 for a
+    query string of more parameters than Django parses (DATA_UPLOAD_MAX_NUMBER_FIELDS), which
+    Django raises as a SuspiciousOperation from whatever first reads `request.GET`: an HTML
+    400 with DEBUG off, and with DEBUG on a 500, its debug page reading `request.GET` again."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -164,6 +168,11 @@ class BodySizeLimitMiddleware:
                     {"detail": f"Request body is over {settings.MAX_REQUEST_BODY_BYTES} bytes."},
                     status=413,
                 )
+            try:
+                request.GET  # noqa: B018 (parsed here, where its refusal can be answered)
+            except TooManyFieldsSent:
+                limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+                return JsonResponse({"detail": f"Too many query parameters (at most {limit})."}, status=400)
         return self.get_response(request)
 
 

@@ -145,3 +145,30 @@ def test_a_lone_surrogate_made_by_the_named_charset_is_a_400(api, make_group, pa
         assert r.status_code == 400, r.content
         assert "surrogate" in r.json()["detail"]
     assert not Lead.objects.exists() and Group.objects.count() == 1
+
+
+@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("get", "/api/v1/leads/"), ("post", "/api/v1/leads/"), ("get", "/api/v1/groups/north/rotation/")],
+)
+def test_a_query_string_of_too_many_parameters_is_a_json_400(api, make_group, settings, debug, method, path):
+    """Django refuses to parse more than DATA_UPLOAD_MAX_NUMBER_FIELDS parameters: an HTML 400
+    with DEBUG off, and a 500 with DEBUG on (`make run`), whose debug page reads them again."""
+    settings.DEBUG = debug
+    make_group(1, slug="north")
+    query = "&".join(["a"] * (settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
+    if method == "post":
+        r = api.post(f"{path}?{query}", {"email": "many@customer.example", "group": "north"}, format="json")
+    else:
+        r = api.get(f"{path}?{query}")
+    assert r.status_code == 400, r.content
+    assert r["Content-Type"] == "application/json"
+    assert "Too many query parameters" in r.json()["detail"]
+    assert not Lead.objects.exists()
+    few = "&".join(["a"] * 10)
+    if method == "post":
+        r = api.post(f"{path}?{few}", {"email": "many@customer.example", "group": "north"}, format="json")
+        assert r.status_code == 201, r.content
+    else:
+        assert api.get(f"{path}?{few}").status_code == 200
