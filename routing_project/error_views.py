@@ -1,10 +1,21 @@
-"""Django's own 404 and 500 pages, as JSON under /api/ (a URL that matches no route, such as
-/api/v1/leads/abc/, is still an API error with a `detail`); HTML elsewhere."""
+"""Django's own 400, 404 and 500 pages, as JSON under /api/ (a URL that matches no route, such
+as /api/v1/leads/abc/, is still an API error with a `detail`); HTML elsewhere."""
 
 from __future__ import annotations
 
+from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """A request Django itself refuses (a SuspiciousOperation: a Host header not in
+    ALLOWED_HOSTS, say). The exception's text is not echoed: it can name the settings."""
+    if request.path.startswith("/api/"):
+        if isinstance(exception, DisallowedHost):
+            return JsonResponse({"detail": "This server does not answer for the request's Host header."}, status=400)
+        return JsonResponse({"detail": "Bad request."}, status=400)
+    return defaults.bad_request(request, exception)
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

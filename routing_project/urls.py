@@ -57,5 +57,6 @@ urlpatterns = [
     path("metrics", metrics.metrics_view, name="metrics"),
 ]
 
+handler400 = "routing_project.error_views.bad_request"
 handler404 = "routing_project.error_views.not_found"
 handler500 = "routing_project.error_views.server_error"

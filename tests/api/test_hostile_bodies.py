@@ -172,3 +172,12 @@ def test_a_query_string_of_too_many_parameters_is_a_json_400(api, make_group, se
         assert r.status_code == 201, r.content
     else:
         assert api.get(f"{path}?{few}").status_code == 200
+
+
+def test_a_host_header_the_server_does_not_answer_for_is_a_json_400_under_the_api(api, settings):
+    settings.DEBUG = False
+    settings.ALLOWED_HOSTS = ["leads.example"]
+    r = api.get("/api/v1/leads/", headers={"Host": "evil.example"})
+    assert r.status_code == 400 and r["Content-Type"] == "application/json"
+    assert "Host" in r.json()["detail"] and "evil.example" not in r.json()["detail"]
+    assert Client().get("/admin/", headers={"Host": "evil.example"})["Content-Type"].startswith("text/html")
