@@ -23,6 +23,7 @@ from leads import services as lead_services
 from leads.api.serializers import LeadInSerializer
 from leads.models import Lead, LeadStatus
 from leads.routing import RoutingBusy
+from routing_project.api import CREATED_LOCATION
 from routing_project.exceptions import ServiceUnavailable
 from security.ratelimit import rate_limit_count, rate_limit_hit
 
@@ -101,6 +102,7 @@ class HookView(APIView):
                 description='`t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>" under the source\'s '
                 "secret>`; at most 5 minutes old, each signature accepted once.",
             ),
+            CREATED_LOCATION,
         ],
         responses={
             201: ACCEPTED,

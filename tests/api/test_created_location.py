@@ -1,8 +1,13 @@
 """Every 201 says where the created resource lives (Location), as intake's does, and the
 address it gives is the one that resource answers at."""
 
+import json
+import time
+
 import pytest
 from django.test import Client
+
+from hooks import services as hook_services
 
 pytestmark = pytest.mark.django_db
 
@@ -41,6 +46,15 @@ def test_each_configuration_resource_created_answers_with_its_location(api, make
     assert api.delete(absence["Location"]).status_code == 204
 
 
+def test_a_lead_taken_in_by_the_signed_hook_answers_with_its_location(make_group):
+    make_group(1, slug="north", is_default=True)
+    _source, secret = hook_services.source_create(slug="form", name="Form", actor="test", field_map={})
+    body = json.dumps({"email": "hooked@customer.example"}).encode()
+    signature = hook_services.sign(secret=secret, body=body, timestamp=int(time.time()))
+    r = Client().post("/api/v1/hooks/form/", body, content_type="application/json", headers={"X-Signature": signature})
+    assert r.status_code == 201 and r["Location"] == f"/api/v1/leads/{r.json()['id']}/"
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -49,6 +63,7 @@ def test_each_configuration_resource_created_answers_with_its_location(api, make
         "/api/v1/rules/",
         "/api/v1/groups/{group_slug}/members/",
         "/api/v1/reps/{rep_id}/absences/",
+        "/api/v1/hooks/{source}/",
     ],
 )
 def test_the_schema_documents_the_location_of_each_201(path):
