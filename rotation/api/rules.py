@@ -73,7 +73,9 @@ class ConditionsField(serializers.JSONField):
 
 class GroupSlugField(serializers.SlugRelatedField):
     """A group by its slug; text that cannot be a slug (a NUL, which PostgreSQL refuses to
-    compare) names no group, without a query."""
+    compare) names no group, without a query. Worded as intake's unknown group is."""
+
+    default_error_messages = {"does_not_exist": "No group with slug '{value}'."}
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, str) or not SLUG.fullmatch(data):

@@ -113,7 +113,10 @@ class RepSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 
 
 class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
-    rep = serializers.PrimaryKeyRelatedField(queryset=Rep.objects.all())
+    # Worded as the lead actions' unknown rep is.
+    rep = serializers.PrimaryKeyRelatedField(
+        queryset=Rep.objects.all(), error_messages={"does_not_exist": "No rep with id {pk_value}."}
+    )
     name = serializers.CharField(source="rep.name", read_only=True)
     # Left out or null: appended (the admin's empty position too).
     position = serializers.IntegerField(min_value=0, max_value=MAX_POSITION, required=False, allow_null=True)

@@ -121,7 +121,8 @@ def test_memberships(api, make_group):
     assert api.post("/api/v1/groups/g/members/", {"rep": b.id}, format="json").status_code == 400
     taken = api.post("/api/v1/groups/g/members/", {"rep": c.id, "position": 1}, format="json")
     assert taken.status_code == 400 and "position" in taken.json()
-    assert api.post("/api/v1/groups/g/members/", {"rep": 99999}, format="json").status_code == 400
+    unknown = api.post("/api/v1/groups/g/members/", {"rep": 99999}, format="json")
+    assert unknown.status_code == 400 and unknown.json() == {"rep": ["No rep with id 99999."]}
     assert api.post("/api/v1/groups/g/members/", {"rep": c.id, "weight": 0}, format="json").status_code == 400
     listed = api.get("/api/v1/groups/g/members/").json()
     assert [m["rep"] for m in listed] == [a.id, b.id]

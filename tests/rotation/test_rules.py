@@ -365,7 +365,7 @@ def test_rule_crud_is_audited(api, make_group):
             "follows the @",
         ),
         ({"conditions": [{"field": "score", "op": "gte", "value": 120}]}, "conditions", "score is from 0 to 100"),
-        ({"group": "nowhere"}, "group", "does not exist"),
+        ({"group": "nowhere"}, "group", "No group with slug 'nowhere'."),
         ({"priority": -1}, "priority", "greater than or equal"),
         ({"colour": "red"}, "colour", "Unknown field"),
     ],
