@@ -311,14 +311,7 @@ class LeadActionsAdminMixin:
                 if note:
                     _warn_not_eligible(self, request, rep, {(note, escalates): [lead.pk]})
                 return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
-        context = {
-            **self.admin_site.each_context(request),  # type: ignore[attr-defined]
-            "title": f"Reassign lead #{lead.pk}",
-            "form": form,
-            "lead": lead,
-            "opts": Lead._meta,
-        }
-        return TemplateResponse(request, "admin/leads/reassign.html", context)
+        return self._lead_form_page(request, lead, form, title=f"Reassign lead #{lead.pk}", template="reassign.html")
 
     def close_view(self, request: HttpRequest, lead_id: int) -> HttpResponse:
         """Asks for the outcome, then closes the lead as the API's close and the list's "Close
@@ -347,14 +340,20 @@ class LeadActionsAdminMixin:
             else:
                 self.message_user(request, f"Lead #{lead.pk} closed as {outcome}.", messages.SUCCESS)  # type: ignore[attr-defined]
                 return change_page
+        return self._lead_form_page(request, lead, form, title=f"Close lead #{lead.pk}", template="close.html")
+
+    def _lead_form_page(
+        self, request: HttpRequest, lead: Lead, form: forms.Form, *, title: str, template: str
+    ) -> TemplateResponse:
+        """The page of one lead's action (reassign, close): the lead, what it asks, the admin's frame."""
         context = {
             **self.admin_site.each_context(request),  # type: ignore[attr-defined]
-            "title": f"Close lead #{lead.pk}",
+            "title": title,
             "form": form,
             "lead": lead,
             "opts": Lead._meta,
         }
-        return TemplateResponse(request, "admin/leads/close.html", context)
+        return TemplateResponse(request, f"admin/leads/{template}", context)
 
 
 class QueueActionsAdminMixin:
