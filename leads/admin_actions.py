@@ -240,6 +240,11 @@ close_won = _close_action("won")
 close_lost = _close_action("lost")
 
 
+def _assign_verb(lead: Lead) -> str:
+    """A queued lead has no rep to take it from: it is assigned, as the queue's action says."""
+    return "Assign" if lead.status == LeadStatus.QUEUED else "Reassign"
+
+
 class LeadActionsAdminMixin:
     """The lead page: "Reassign" and "Close" pages of its own, and the bulk actions."""
 
@@ -261,8 +266,9 @@ class LeadActionsAdminMixin:
         if obj.status == LeadStatus.CLOSED:  # closed for good: a "Reassign…" or "Close…" could only fail
             return format_html("Closed ({}): not reassigned. {}", obj.get_outcome_display(), self.trail_link(obj))
         return format_html(
-            '<a class="button" href="{}">Reassign…</a> <a class="button" href="{}">Close…</a> {}',
+            '<a class="button" href="{}">{}…</a> <a class="button" href="{}">Close…</a> {}',
             reverse("admin:leads_lead_reassign", args=[obj.pk]),
+            _assign_verb(obj),
             reverse("admin:leads_lead_close", args=[obj.pk]),
             self.trail_link(obj),
         )
@@ -294,6 +300,7 @@ class LeadActionsAdminMixin:
         if lead.status == LeadStatus.CLOSED:  # an old link or a second tab: said before a form is filled in
             self.message_user(request, f"Lead #{lead.pk} is closed: it is not reassigned.", messages.WARNING)  # type: ignore[attr-defined]
             return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
+        verb = _assign_verb(lead)
         form = AssignForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             rep = form.cleaned_data["rep"]
@@ -306,12 +313,14 @@ class LeadActionsAdminMixin:
             except actions.ActionRejected as exc:
                 form.add_error("rep", "; ".join(m for ms in exc.errors.values() for m in ms))
             else:
-                self.message_user(request, f"Lead #{lead.pk} reassigned to {rep.name}.", messages.SUCCESS)  # type: ignore[attr-defined]
+                self.message_user(request, f"Lead #{lead.pk} {verb.lower()}ed to {rep.name}.", messages.SUCCESS)  # type: ignore[attr-defined]
                 note, escalates = _not_eligible_note(lead_id=lead.pk, actor=admin_actor(request), rep=rep)
                 if note:
                     _warn_not_eligible(self, request, rep, {(note, escalates): [lead.pk]})
                 return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
-        return self._lead_form_page(request, lead, form, title=f"Reassign lead #{lead.pk}", template="reassign.html")
+        return self._lead_form_page(
+            request, lead, form, title=f"{verb} lead #{lead.pk}", template="reassign.html", verb=verb
+        )
 
     def close_view(self, request: HttpRequest, lead_id: int) -> HttpResponse:
         """Asks for the outcome, then closes the lead as the API's close and the list's "Close
@@ -343,7 +352,7 @@ class LeadActionsAdminMixin:
         return self._lead_form_page(request, lead, form, title=f"Close lead #{lead.pk}", template="close.html")
 
     def _lead_form_page(
-        self, request: HttpRequest, lead: Lead, form: forms.Form, *, title: str, template: str
+        self, request: HttpRequest, lead: Lead, form: forms.Form, *, title: str, template: str, **extra: Any
     ) -> TemplateResponse:
         """The page of one lead's action (reassign, close): the lead, what it asks, the admin's frame."""
         context = {
@@ -352,6 +361,7 @@ class LeadActionsAdminMixin:
             "form": form,
             "lead": lead,
             "opts": Lead._meta,
+            **extra,
         }
         return TemplateResponse(request, f"admin/leads/{template}", context)
 

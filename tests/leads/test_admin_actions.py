@@ -796,3 +796,23 @@ def test_route_again_says_where_each_lead_went(api, make_group, manager):
             else ""
         )
         assert f"#{pk} to {lead.owner.name} in emea{stays}" in text
+
+
+def test_a_queued_leads_pages_say_assign_and_close_without_an_assignment_to_end(api, make_group, manager):
+    """A queued lead has no rep: its page offered "Reassign…", and its close page said closing
+    "ends its assignment and stops its SLA clock", neither of which it has."""
+    group, reps, ids = queued_leads(api, make_group, 1)
+    change = manager.get(f"/admin/leads/lead/{ids[0]}/change/").content.decode()
+    assert f'href="/admin/leads/lead/{ids[0]}/reassign/">Assign…</a>' in change
+    page = " ".join(manager.get(f"/admin/leads/lead/{ids[0]}/reassign/").content.decode().split())
+    assert "<title>Assign lead #" in page and 'value="Assign"' in page
+    close = " ".join(manager.get(f"/admin/leads/lead/{ids[0]}/close/").content.decode().split())
+    assert "Closing it takes it out of the fallback queue." in close
+    assert "ends its assignment" not in close
+    r = manager.post(f"/admin/leads/lead/{ids[0]}/reassign/", {"rep": reps[0].id, "reason": "cover"}, follow=True)
+    assert [str(m) for m in r.context["messages"]][0] == f"Lead #{ids[0]} assigned to {reps[0].name}."
+    # An assigned lead's pages keep saying what they do to it.
+    change = manager.get(f"/admin/leads/lead/{ids[0]}/change/").content.decode()
+    assert f'href="/admin/leads/lead/{ids[0]}/reassign/">Reassign…</a>' in change
+    close = " ".join(manager.get(f"/admin/leads/lead/{ids[0]}/close/").content.decode().split())
+    assert f"ends its assignment and stops its SLA clock; {reps[0].name} gets the capacity back." in close
