@@ -74,6 +74,7 @@ class RepRow:
 
 @dataclass
 class GroupPanel:
+    id: int
     slug: str
     name: str
     strategy: str
@@ -115,7 +116,7 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
     groups = list(Group.objects.order_by("slug"))
     if group_slug:
         groups = [g for g in groups if g.slug == group_slug]
-    panels = {g.id: GroupPanel(g.slug, g.name, g.strategy, g.sla_minutes, g.active) for g in groups}
+    panels = {g.id: GroupPanel(g.id, g.slug, g.name, g.strategy, g.sla_minutes, g.active) for g in groups}
     by_slug = {g.slug: panels[g.id] for g in groups}
     rows: dict[tuple[int, int], RepRow] = {}
     for m in Membership.objects.filter(group_id__in=panels).select_related("rep").order_by("group_id", "position"):

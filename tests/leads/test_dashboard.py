@@ -405,3 +405,19 @@ def test_an_uploads_events_carry_the_request_id_of_its_page(admin_client, make_g
     events = AuditEvent.objects.filter(type__startswith="lead.")
     assert events.count() == 4 and set(events.values_list("request_id", flat=True)) == {"upload-7"}
     assert all(e.explanation.get("import", "").startswith("import-") for e in events.filter(type="lead.received"))
+
+
+def test_a_groups_queued_now_links_to_its_leads_in_the_queue(admin_client, make_group, post_lead):
+    """A manager who reads "3 queued now" on a panel goes to work those leads: the count is a
+    link to the fallback queue filtered to that group (a group with none queued has no link)."""
+    emea, _ = make_group(0, slug="emea")
+    make_group(1, slug="dach")
+    for _ in range(3):
+        post_lead(group="emea")  # no member: queued in emea
+    html = admin_client.get("/admin/dashboard/").content.decode()
+    link = f'href="/admin/leads/queuedlead/?group__id__exact={emea.id}"'
+    panel = html.split('id="group-emea"')[1].split("</section>")[0]
+    assert link in panel and "<strong>3</strong>queued now</a>" in panel
+    assert "queuedlead" not in html.split('id="group-dach"')[1].split("</section>")[0]
+    queue = admin_client.get(f"/admin/leads/queuedlead/?group__id__exact={emea.id}")
+    assert queue.status_code == 200 and queue.context["cl"].result_count == 3
