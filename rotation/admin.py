@@ -10,9 +10,13 @@ from django.db import transaction
 from django.db.models import Count, Max, Min, QuerySet
 from django.forms import BaseInlineFormSet
 from django.http import HttpRequest
+from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import urlencode
 from rest_framework import serializers
 
 from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin, RowsGoneAdminMixin
@@ -367,6 +371,32 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Rep, form: Any, change: bool) -> None:
         services.rep_save(rep=obj, actor=admin_actor(request), changed=form.changed_data)
+        if change and not obj.active and "active" in form.changed_data:
+            self._warn_open_leads_kept(request, obj)
+
+    def _warn_open_leads_kept(self, request: HttpRequest, rep: Rep) -> None:
+        """A rep made inactive takes no new leads but keeps the open ones it holds (until a
+        manager moves them): said, with a link to them, or they look handled."""
+        from leads.models import OPEN_STATUSES
+
+        held = rep.leads.filter(status__in=OPEN_STATUSES).count()  # through lead_owner_status_idx
+        if not held:
+            return
+        url = reverse("admin:leads_lead_changelist")
+        query = urlencode({"owner__id__exact": str(rep.pk), "status__in": ",".join(map(str, OPEN_STATUSES))})
+        self.message_user(
+            request,
+            format_html(
+                "{} still holds {} open lead{}: they stay with this rep until a manager reassigns them or "
+                'routes them again. <a href="{}?{}">See them</a>.',
+                rep.name,
+                held,
+                pluralize(held),
+                url,
+                query,
+            ),
+            messages.WARNING,
+        )
 
     def changeform_view(
         self, request: HttpRequest, object_id: str | None = None, form_url: str = "", extra_context: Any = None

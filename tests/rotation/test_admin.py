@@ -846,3 +846,41 @@ def test_a_members_fixed_rep_offers_no_add_a_rep_button(staff, make_group):
     assert 'id="add_id_memberships-0-rep"' not in html
     assert 'id="change_id_memberships-0-rep"' in html  # the rep's page is still a click away
     assert 'id="add_id_memberships-__prefix__-rep"' in html  # a new member may add a rep
+
+
+def test_making_a_rep_inactive_says_the_open_leads_it_keeps_and_links_them(staff, api, make_group):
+    """A rep made inactive takes no new leads but keeps those it holds until a manager moves
+    them: the page said only "changed successfully", and the leads looked handled."""
+    group, reps = make_group(2, slug="emea")
+    for _ in range(5):
+        api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    rep = reps[0]
+    held = Lead.objects.filter(owner=rep).order_by("id")
+    assert held.count() == 3
+    api.post(f"/api/v1/leads/{held[0].pk}/accept/", {"rep": rep.pk}, format="json")  # accepted: still open
+    api.post(f"/api/v1/leads/{held[1].pk}/close/", {"outcome": "won"}, format="json")  # closed: not held
+    form = {
+        "name": rep.name,
+        "email": rep.email,
+        "timezone": rep.timezone,
+        "working_hours": "",
+        **inline_management("absences", 0, 0),
+    }  # "active" left out: unticked
+    response = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form, follow=True)
+    assert response.status_code == 200
+    shown = [str(m) for m in response.context["messages"]]
+    link = f"/admin/leads/lead/?owner__id__exact={rep.pk}&amp;status__in=assigned%2Caccepted"
+    assert (
+        f"{rep.name} still holds 2 open leads: they stay with this rep until a manager reassigns them or "
+        f'routes them again. <a href="{link}">See them</a>.'
+    ) in shown, shown
+    listed = staff.get(link.replace("&amp;", "&"))
+    assert sorted(lead.pk for lead in listed.context["cl"].result_list) == [held[0].pk, held[2].pk]
+    # Saved again while inactive, or a rep with nothing open: nothing to say.
+    again = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form, follow=True)
+    assert not any("open lead" in str(m) for m in again.context["messages"])
+    other = reps[1]
+    Lead.objects.filter(owner=other).update(status="closed", outcome="won")
+    form.update(name=other.name, email=other.email, timezone=other.timezone)
+    quiet = staff.post(f"/admin/rotation/rep/{other.pk}/change/", form, follow=True)
+    assert not any("open lead" in str(m) for m in quiet.context["messages"])
