@@ -15,8 +15,9 @@ from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
+from django.utils.safestring import mark_safe
 from rest_framework import serializers
 
 from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin, RowsGoneAdminMixin
@@ -355,6 +356,15 @@ def _absences_have_times_in(zone: ZoneInfo, *, rep_id: int) -> bool:
     return True
 
 
+def _open_leads(rep: Rep) -> tuple[int, str]:
+    """How many open leads the rep holds, and the leads list filtered to them."""
+    from leads.models import OPEN_STATUSES  # as rotation_view: the admin reads leads, rotation does not
+
+    held = rep.leads.filter(status__in=OPEN_STATUSES).count()  # through lead_owner_status_idx
+    query = urlencode({"owner__id__exact": str(rep.pk), "status__in": ",".join(map(str, OPEN_STATUSES))})
+    return held, f"{reverse('admin:leads_lead_changelist')}?{query}"
+
+
 @admin.register(Rep)
 class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     form = RepForm
@@ -364,6 +374,46 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     list_select_related = ("user",)
     inlines = [AbsenceInline]
     formfield_overrides = STRICT_JSON
+    readonly_fields = ("groups", "leads_and_trail")
+
+    @admin.display(description="Groups")
+    def groups(self, obj: Rep) -> str:
+        """Where the rep takes leads, each group linked: without it, which groups a rep is in
+        (or paused in) was found only by opening every group's page."""
+        if obj.pk is None:
+            return "A rep joins a group on the group's page (its members)."
+        members = Membership.objects.filter(rep=obj).select_related("group").order_by("group__slug")
+        if not members:
+            return "In no group: takes no leads from the rotation. A rep joins a group on the group's page."
+        return format_html_join(
+            mark_safe("<br>"),  # noqa: S308 - a constant
+            '<a href="{}">{}</a>: position {}, weight {}{}',
+            (
+                (
+                    reverse("admin:rotation_group_change", args=[m.group_id]),
+                    m.group.slug,
+                    m.position,
+                    m.weight,
+                    "" if m.active else f", paused ({m.paused_reason})" if m.paused_reason else ", paused",
+                )
+                for m in members
+            ),
+        )
+
+    @admin.display(description="Leads")
+    def leads_and_trail(self, obj: Rep) -> str:
+        """The rep's open leads and its audit trail, a click away."""
+        if obj.pk is None:
+            return "-"
+        held, url = _open_leads(obj)
+        return format_html(
+            '<a href="{}">{} open lead{}</a> · <a href="{}?rep_id={}">Audit trail of this rep</a>',
+            url,
+            held,
+            pluralize(held),
+            reverse("admin:audit_auditevent_changelist"),
+            obj.pk,
+        )
 
     def autocomplete_label(self, obj: Rep) -> str:
         """Where a rep is picked (a group's members, an account's owner): reps may share a name."""
@@ -377,23 +427,18 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     def _warn_open_leads_kept(self, request: HttpRequest, rep: Rep) -> None:
         """A rep made inactive takes no new leads but keeps the open ones it holds (until a
         manager moves them): said, with a link to them, or they look handled."""
-        from leads.models import OPEN_STATUSES
-
-        held = rep.leads.filter(status__in=OPEN_STATUSES).count()  # through lead_owner_status_idx
+        held, url = _open_leads(rep)
         if not held:
             return
-        url = reverse("admin:leads_lead_changelist")
-        query = urlencode({"owner__id__exact": str(rep.pk), "status__in": ",".join(map(str, OPEN_STATUSES))})
         self.message_user(
             request,
             format_html(
                 "{} still holds {} open lead{}: they stay with this rep until a manager reassigns them or "
-                'routes them again. <a href="{}?{}">See them</a>.',
+                'routes them again. <a href="{}">See them</a>.',
                 rep.name,
                 held,
                 pluralize(held),
                 url,
-                query,
             ),
             messages.WARNING,
         )

@@ -884,3 +884,28 @@ def test_making_a_rep_inactive_says_the_open_leads_it_keeps_and_links_them(staff
     form.update(name=other.name, email=other.email, timezone=other.timezone)
     quiet = staff.post(f"/admin/rotation/rep/{other.pk}/change/", form, follow=True)
     assert not any("open lead" in str(m) for m in quiet.context["messages"])
+
+
+def test_a_reps_page_lists_its_groups_its_open_leads_and_its_trail(staff, api, make_group):
+    """Which groups a rep is in, and paused in, was found only by opening every group's page;
+    the rep's leads and trail only by filtering the lists by hand."""
+    emea, reps = make_group(2, slug="emea")
+    dach, _ = make_group(0, slug="dach")
+    rep = reps[0]
+    services.membership_add(group=dach, rep=rep, actor="test", weight=3)
+    Membership.objects.filter(group=dach, rep=rep).update(active=False, paused_reason="3 SLAs missed in a row")
+    api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    page = " ".join(staff.get(f"/admin/rotation/rep/{rep.pk}/change/").content.decode().split())
+    assert (
+        f'<a href="/admin/rotation/group/{dach.pk}/change/">dach</a>: position 0, weight 3, paused (3 SLAs missed '
+        f'in a row)<br><a href="/admin/rotation/group/{emea.pk}/change/">emea</a>: position 0, weight 1'
+    ) in page, page
+    assert (
+        f'<a href="/admin/leads/lead/?owner__id__exact={rep.pk}&amp;status__in=assigned%2Caccepted">1 open lead</a>'
+        f' · <a href="/admin/audit/auditevent/?rep_id={rep.pk}">Audit trail of this rep</a>'
+    ) in page
+    trail = staff.get(f"/admin/audit/auditevent/?rep_id={rep.pk}")
+    assert trail.status_code == 200 and {e.rep_id for e in trail.context["cl"].result_list} == {rep.pk}
+    loner = RepFactory(name="Loner", email="loner@example.com")
+    page = " ".join(staff.get(f"/admin/rotation/rep/{loner.pk}/change/").content.decode().split())
+    assert "In no group: takes no leads from the rotation." in page and ">0 open leads</a>" in page
