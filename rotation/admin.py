@@ -500,8 +500,15 @@ class RoutingRuleForm(forms.ModelForm):
                 '{"field": "company_size", "op": "gte", "value": 500}]. '
                 f"Fields: {', '.join(LEAD_FIELDS)}, or a key of the lead's attributes, as attributes.campaign. "
                 "Operators: equals, in, not_in, contains, gte and lte (numbers), exists (true or false). "
-                "[] matches every lead."
+                "At least one: the leads no rule matches go to the default group."
             ),
+        }
+        # An empty list is refused (as over the API): said as what it is, not "This field is
+        # required." under a box that shows [].
+        error_messages = {
+            "conditions": {
+                "required": "A rule needs at least one condition: the leads no rule matches go to the default group."
+            }
         }
 
 

@@ -784,7 +784,9 @@ def test_the_rule_form_says_how_conditions_are_written_and_which_priority_goes_f
     assert '[{"field": "country", "op": "in", "value": ["FR", "BE"]}' in html
     for name in ("company_size", "email_domain", "attributes.campaign", "not_in", "exists"):
         assert name in html, name
-    assert "[] matches every lead" in html
+    # A rule needs a condition (as over the API): the form said "[] matches every lead", showed
+    # [] in the box, and refused it on save as "This field is required."
+    assert "[] matches every lead" not in html and "At least one: the leads no rule matches" in html
     assert "lowest first (1 before 10)" in html
 
 
@@ -909,3 +911,15 @@ def test_a_reps_page_lists_its_groups_its_open_leads_and_its_trail(staff, api, m
     loner = RepFactory(name="Loner", email="loner@example.com")
     page = " ".join(staff.get(f"/admin/rotation/rep/{loner.pk}/change/").content.decode().split())
     assert "In no group: takes no leads from the rotation." in page and ">0 open leads</a>" in page
+
+
+def test_a_rule_without_conditions_is_refused_in_words(staff, make_group):
+    """As over the API, a rule needs a condition; the box shows [] and the refusal said only
+    "This field is required."."""
+    group, _ = make_group(1, slug="emea")
+    data = {"name": "Everything", "priority": "900", "conditions": "[]", "group": group.pk, "active": "on"}
+    refused = staff.post("/admin/rotation/routingrule/add/", data)
+    assert refused.status_code == 200
+    assert refused.context["adminform"].form.errors["conditions"] == [
+        "A rule needs at least one condition: the leads no rule matches go to the default group."
+    ]
