@@ -242,6 +242,8 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:
         services.group_save(group=obj, actor=admin_actor(request), changed=form.changed_data)
+        if change and not obj.active and {"active", "is_default"} & set(form.changed_data):
+            _warn_inactive_group_gets_leads(self, request, obj)
 
     def delete_model(self, request: HttpRequest, obj: Group) -> None:
         services.group_delete(group=obj, actor=admin_actor(request))
@@ -279,6 +281,35 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
                         f"{obj.rep} was removed from the group meanwhile: that row's changes were not saved.",
                         messages.WARNING,
                     )
+
+
+def _warn_inactive_group_gets_leads(modeladmin: admin.ModelAdmin, request: HttpRequest, group: Group) -> None:
+    """An inactive group still gets the leads its active rules match (and, as the default
+    group, those no rule matches), and queues them: said when it is made inactive, or sales
+    ops learn it from the queue."""
+    rules = list(RoutingRule.objects.filter(group=group, active=True).order_by("priority", "id"))
+    sent: list[str] = []
+    if rules:
+        sent.append(
+            format_html(
+                'the leads its active rules match (<a href="{}?group__id__exact={}&amp;active__exact=1">{}</a>)',
+                reverse("admin:rotation_routingrule_changelist"),
+                group.pk,
+                ", ".join(rule.name for rule in rules),
+            )
+        )
+    if group.is_default:
+        sent.append("the leads no rule matches (it is the default group)")
+    if sent:
+        modeladmin.message_user(
+            request,
+            format_html(
+                "The group {} is inactive: {} wait in the fallback queue until it is active again.",
+                group.slug,
+                mark_safe(" and ".join(sent)),  # noqa: S308 - each part escaped by format_html
+            ),
+            messages.WARNING,
+        )
 
 
 class AbsenceInline(admin.TabularInline):
@@ -525,6 +556,17 @@ class RoutingRuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: RoutingRule, form: Any, change: bool) -> None:
         services.rule_save(rule=obj, actor=admin_actor(request), changed=form.changed_data)
+        if obj.active and not obj.group.active:
+            self.message_user(
+                request,
+                format_html(
+                    'The group <a href="{}">{}</a> is inactive: the leads this rule matches wait in the '
+                    "fallback queue until it is active again.",
+                    reverse("admin:rotation_group_change", args=[obj.group_id]),
+                    obj.group.slug,
+                ),
+                messages.WARNING,
+            )
 
     def delete_model(self, request: HttpRequest, obj: RoutingRule) -> None:
         services.rule_delete(rule=obj, actor=admin_actor(request))

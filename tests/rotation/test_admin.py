@@ -913,6 +913,52 @@ def test_a_reps_page_lists_its_groups_its_open_leads_and_its_trail(staff, api, m
     assert "In no group: takes no leads from the rotation." in page and ">0 open leads</a>" in page
 
 
+def test_making_a_group_inactive_says_which_leads_will_wait_in_the_queue(staff, api, make_group):
+    """An inactive group queues the leads its active rules (and, as the default, no rule) send
+    it: sales ops who made it inactive were told only "changed successfully"."""
+    from rotation.models import RoutingRule
+
+    group, _ = make_group(1, slug="emea", is_default=True)
+    countries = [{"field": "country", "op": "in", "value": ["FR", "GB"]}]
+    for name, priority, active in (("EMEA & Co", 10, True), ("Old campaign", 20, False)):
+        rule = RoutingRule(name=name, priority=priority, conditions=countries, group=group, active=active)
+        services.rule_save(rule=rule, actor="test")
+    data = group_form(slug="emea", name=group.name, is_default="on")
+    del data["active"]  # unticked
+    data.update(inline_management("memberships", 0, 0))
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data, follow=True)
+    shown = [str(m) for m in r.context["messages"]]
+    assert (
+        "The group emea is inactive: the leads its active rules match "
+        f'(<a href="/admin/rotation/routingrule/?group__id__exact={group.pk}&amp;active__exact=1">EMEA &amp; Co</a>)'
+        " and the leads no rule matches (it is the default group) wait in the fallback queue until it is active again."
+    ) in shown, shown
+    for country in ("FR", "JP"):  # by the rule, and by no rule (the default group): as the page said
+        body = api.post("/api/v1/leads/", lead_body(country=country), format="json").json()
+        assert body["queue_reason"] == "group 'emea' is inactive", body
+    # Saved again while inactive: nothing new to say; an active group says nothing either.
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data, follow=True)
+    assert not any("inactive" in str(m) for m in r.context["messages"])
+
+
+def test_a_rule_saved_for_an_inactive_group_says_its_leads_will_wait(staff, make_group):
+    """The rule was saved as if it would route; its leads went to the fallback queue."""
+    group, _ = make_group(1, slug="dach")
+    Group.objects.filter(pk=group.pk).update(active=False)
+    conditions = '[{"field": "country", "op": "in", "value": ["DE", "AT", "CH"]}]'
+    data = {"name": "German speakers", "priority": "5", "conditions": conditions, "group": group.pk, "active": "on"}
+    r = staff.post("/admin/rotation/routingrule/add/", data, follow=True)
+    shown = [str(m) for m in r.context["messages"]]
+    assert (
+        f'The group <a href="/admin/rotation/group/{group.pk}/change/">dach</a> is inactive: the leads this rule '
+        "matches wait in the fallback queue until it is active again."
+    ) in shown, shown
+    Group.objects.filter(pk=group.pk).update(active=True)
+    data["name"] = "German speakers, active group"
+    r = staff.post("/admin/rotation/routingrule/add/", data, follow=True)
+    assert not any("inactive" in str(m) for m in r.context["messages"])
+
+
 def test_a_rule_without_conditions_is_refused_in_words(staff, make_group):
     """As over the API, a rule needs a condition; the box shows [] and the refusal said only
     "This field is required."."""
