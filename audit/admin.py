@@ -21,6 +21,11 @@ def _rep_names(ids: set[int]) -> dict[int, str]:
     return dict(rep_model.objects.filter(pk__in=ids).values_list("pk", "name")) if ids else {}
 
 
+def _an_id(value: str) -> bool:
+    """A lead's or rep's id as typed in the address or the search box ("²" is a digit, no number)."""
+    return value.isascii() and value.isdigit() and int(value) < 2**63
+
+
 class GroupFilter(admin.SimpleListFilter):
     """By group slug, deleted groups included. The choices are read through audit_group_idx,
     one probe per group, not by a `SELECT DISTINCT "group"` over the whole trail."""
@@ -85,9 +90,26 @@ class AuditEventAdmin(admin.ModelAdmin):
         """A number is a lead or a rep id, looked up through their indexes: Django's "=lead_id"
         search compares the ids as text, which reads the whole trail (seconds on a large one)."""
         term = search_term.strip()
-        if term.isascii() and term.isdigit() and int(term) < 2**63:  # "²" is a digit, no number
+        if _an_id(term):
             return queryset.filter(Q(lead_id=int(term)) | Q(rep_id=int(term))), False
         return super().get_search_results(request, queryset, search_term)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        """The trail of one lead or one rep (the links from their pages) says whose it is, and
+        links back: the page said "Select audit event to view" over three unnamed rows."""
+        extra: dict[str, Any] = {}
+        lead_id, rep_id = request.GET.get("lead_id", ""), request.GET.get("rep_id", "")
+        if _an_id(lead_id):
+            extra["title"] = f"Audit trail of lead #{lead_id}"
+            url = reverse("admin:leads_lead_change", args=[int(lead_id)])
+            extra["trail_of"] = format_html('<a href="{}">Lead #{}: its page</a>', url, lead_id)
+        elif _an_id(rep_id):
+            name = _rep_names({int(rep_id)}).get(int(rep_id))
+            extra["title"] = f"Audit trail of {name} (rep #{rep_id})" if name else f"Audit trail of rep #{rep_id}"
+            if name:
+                url = reverse("admin:rotation_rep_change", args=[int(rep_id)])
+                extra["trail_of"] = format_html('<a href="{}">Rep {}: its page</a>', url, name)
+        return super().changelist_view(request, {**extra, **(extra_context or {})})
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """The reps the page's events name, read in one query for the whole page."""
