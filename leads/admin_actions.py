@@ -20,7 +20,7 @@ from django.utils.html import format_html
 
 from audit.models import AuditEvent
 from rotation.eligibility import reason_in_words
-from rotation.models import Rep
+from rotation.models import Group, Membership, Rep
 
 from . import actions
 from .models import Lead, LeadStatus, QueuedLead
@@ -47,11 +47,22 @@ class AssignForm(forms.Form):
     rep = RepChoiceField(queryset=Rep.objects.filter(active=True).order_by("name", "id"), label="Assign to")
     reason = forms.CharField(max_length=500, help_text="Why, for the audit trail.")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, group: Group | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         field = cast(RepChoiceField, self.fields["rep"])
         shared = Rep.objects.filter(active=True).values("name").annotate(n=Count("id")).filter(n__gt=1)
         field.shared_names = frozenset(shared.values_list("name", flat=True))
+        if group is not None:
+            # The leads' group's members first: among every rep of the company, alphabetical,
+            # the manager could not tell who works the group (a rep outside it is still offered).
+            members = dict(Membership.objects.filter(group=group).values_list("rep_id", "active"))
+            reps = [(rep.pk, field.label_from_instance(rep)) for rep in cast(QuerySet[Rep], field.queryset)]
+            ours = [(pk, label if members[pk] else f"{label} (paused here)") for pk, label in reps if pk in members]
+            field.choices = [
+                ("", field.empty_label),
+                (f"Members of {group.slug}", ours),
+                ("Other reps", [(pk, label) for pk, label in reps if pk not in members]),
+            ]
 
 
 def _not_eligible_note(*, lead_id: int, actor: str, rep: Rep) -> tuple[str, bool]:
@@ -132,7 +143,10 @@ def _run_each(
 @admin.action(description="Assign selected leads to a rep…", permissions=["change"])
 def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> HttpResponse | None:
     """An intermediate page: pick the rep and give a reason, then assign every selected lead."""
-    form = AssignForm(request.POST if "apply" in request.POST else None)
+    # Leads of one group (the queue filtered by it, most often): its members are offered first.
+    groups = list(queryset.order_by().values_list("group_id", flat=True).distinct()[:2])
+    group = Group.objects.filter(pk=groups[0]).first() if len(groups) == 1 and groups[0] is not None else None
+    form = AssignForm(request.POST if "apply" in request.POST else None, group=group)
     if form.is_bound and form.is_valid():
         rep, reason, actor = form.cleaned_data["rep"], form.cleaned_data["reason"], admin_actor(request)
         notes: dict[tuple[str, bool], list[int]] = {}
@@ -301,7 +315,7 @@ class LeadActionsAdminMixin:
             self.message_user(request, f"Lead #{lead.pk} is closed: it is not reassigned.", messages.WARNING)  # type: ignore[attr-defined]
             return HttpResponseRedirect(reverse("admin:leads_lead_change", args=[lead.pk]))
         verb = _assign_verb(lead)
-        form = AssignForm(request.POST or None)
+        form = AssignForm(request.POST or None, group=lead.group)
         if request.method == "POST" and form.is_valid():
             rep = form.cleaned_data["rep"]
             try:

@@ -816,3 +816,32 @@ def test_a_queued_leads_pages_say_assign_and_close_without_an_assignment_to_end(
     assert f'href="/admin/leads/lead/{ids[0]}/reassign/">Reassign…</a>' in change
     close = " ".join(manager.get(f"/admin/leads/lead/{ids[0]}/close/").content.decode().split())
     assert f"ends its assignment and stops its SLA clock; {reps[0].name} gets the capacity back." in close
+
+
+def test_the_rep_choices_offer_the_leads_groups_members_first(api, make_group, manager):
+    """Every active rep of the company, alphabetically: a manager giving a queued lead to
+    someone in its group had to know who that was. The group's members come first (paused
+    ones said so), the other reps after them; the bulk action does so when the leads share a group."""
+    from rotation.models import Rep
+
+    group, reps, ids = queued_leads(api, make_group, 2)  # emea's two members, both paused
+    Membership.objects.filter(group=group, rep=reps[1]).update(active=True, max_open=0)  # active, still full
+    Rep.objects.filter(pk=reps[0].pk).update(name="Zoe Member")
+    make_group(1, slug="dach")
+    other = Rep.objects.exclude(pk__in=[r.pk for r in reps]).get()
+    Rep.objects.filter(pk=other.pk).update(name="Aaron Outsider")
+    html = " ".join(manager.get(f"/admin/leads/lead/{ids[0]}/reassign/").content.decode().split())
+    members = html.split('<optgroup label="Members of emea">')[1].split("</optgroup>")[0]
+    others = html.split('<optgroup label="Other reps">')[1].split("</optgroup>")[0]
+    assert f'<option value="{reps[0].pk}">Zoe Member (paused here)</option>' in members
+    assert f'<option value="{reps[1].pk}">{reps[1].name}</option>' in members
+    assert f'<option value="{other.pk}">Aaron Outsider</option>' in others and "Zoe" not in others
+    # One is still picked by its id, from either list.
+    r = manager.post(f"/admin/leads/lead/{ids[0]}/reassign/", {"rep": other.pk, "reason": "cover"})
+    assert r.status_code == 302 and Lead.objects.get(pk=ids[0]).owner_id == other.pk
+    page = manager.post("/admin/leads/queuedlead/", {"action": "assign_to_rep", "_selected_action": ids[1:]})
+    assert '<optgroup label="Members of emea">' in page.content.decode()
+    # Leads of two groups: one list, as before.
+    in_dach = api.post("/api/v1/leads/", lead_body(group="dach"), format="json").json()["id"]
+    mixed = manager.post("/admin/leads/lead/", {"action": "assign_to_rep", "_selected_action": [ids[1], in_dach]})
+    assert "<optgroup" not in mixed.content.decode()
