@@ -96,10 +96,11 @@ def _warn_not_eligible(
         # The first 20, the rest counted, as the actions' other messages say them.
         leads = ", ".join(f"#{pk}" for pk in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
         # Without an SLA nothing moves the lead on: said, or the manager counts on an escalation.
-        until = " or its SLA escalates." if escalates else ": no SLA escalates it."
+        it, its = ("it", "its") if len(ids) == 1 else ("them", "their")
+        until = f" or {its} SLA escalates." if escalates else f": no SLA escalates {it}."
         modeladmin.message_user(
             request,
-            f"{rep.name} is not eligible now ({note}): {leads} will wait with them until they can take it{until}",
+            f"{rep.name} is not eligible now ({note}): {leads} will wait with them until they can take {it}{until}",
             messages.WARNING,
         )
 

@@ -186,8 +186,9 @@ def test_assigning_leads_past_a_reps_cap_warns_once_for_them_all(api, make_group
     over = ", ".join(f"#{pk}" for pk in sorted(ids)[2:])
     assert shown == [
         f"5 lead(s) assigned to {reps[0].name}.",
+        # Three leads: "them" and "their SLA" (it said "take it or its SLA escalates" of three).
         f"{reps[0].name} is not eligible now (over its max_open cap of 2): {over} will wait with them until they "
-        "can take it or its SLA escalates.",
+        "can take them or their SLA escalates.",
     ]
 
 
