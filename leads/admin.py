@@ -273,8 +273,17 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
     list_select_related = ("group",)
     show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a scan of every lead
     ordering = ("id",)
-    readonly_fields = ("email", "company", "group", "queue_reason", "created_at", "requested_group", "manage")
-    fields = readonly_fields
+    readonly_fields = (
+        "email",
+        "company",
+        "group",
+        "queue_reason",
+        "created_at",
+        "requested_group",
+        "manage",
+        "see_also",
+    )
+    fields = readonly_fields[:-1]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lead]:
         return super().get_queryset(request).filter(status=LeadStatus.QUEUED)
@@ -294,7 +303,8 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
         fields = super().get_fields(request, obj)
         if super().has_change_permission(request):
             return fields
-        return [f for f in fields if f != "manage"]  # no "Assign…" leading to a 403
+        # No "Assign…" leading to a 403; the lead's page and its trail, all the same.
+        return [f if f != "manage" else "see_also" for f in fields]
 
     @admin.display(description="Manage")
     def manage(self, obj: Lead) -> str:
@@ -306,6 +316,17 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
             '<a href="{}?lead_id={}">Audit trail</a> (route again: from the queue\'s actions)',
             reverse("admin:leads_lead_reassign", args=[obj.pk]),
             reverse("admin:leads_lead_close", args=[obj.pk]),
+            reverse("admin:leads_lead_change", args=[obj.pk]),
+            reverse("admin:audit_auditevent_changelist"),
+            obj.pk,
+        )
+
+    @admin.display(description="See also")
+    def see_also(self, obj: Lead) -> str:
+        if obj.pk is None:
+            return ""
+        return format_html(
+            '<a href="{}">The lead\'s page</a> <a href="{}?lead_id={}">Audit trail</a>',
             reverse("admin:leads_lead_change", args=[obj.pk]),
             reverse("admin:audit_auditevent_changelist"),
             obj.pk,

@@ -730,6 +730,9 @@ def test_a_queued_leads_page_offers_what_a_manager_can_do_and_no_save(api, make_
     other = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
     seen = client.get(f"/admin/leads/queuedlead/{other}/change/")
     assert seen.status_code == 200 and b"/reassign/" not in seen.content and b"/close/" not in seen.content
+    # But the lead's page and its trail, which the manager's "Manage" links: the page had none.
+    assert f'href="/admin/leads/lead/{other}/change/"'.encode() in seen.content
+    assert f'href="/admin/audit/auditevent/?lead_id={other}"'.encode() in seen.content
 
 
 @pytest.mark.postgres
