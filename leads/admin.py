@@ -311,18 +311,16 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
         if obj.pk is None:
             return ""
         return format_html(
-            '<a class="button" href="{}">Assign…</a> <a class="button" href="{}">Close…</a> '
-            '<a href="{}">The lead\'s page</a> '
-            '<a href="{}?lead_id={}">Audit trail</a> (route again: from the queue\'s actions)',
+            '<a class="button" href="{}">Assign…</a> <a class="button" href="{}">Close…</a> {} '
+            "(route again: from the queue's actions)",
             reverse("admin:leads_lead_reassign", args=[obj.pk]),
             reverse("admin:leads_lead_close", args=[obj.pk]),
-            reverse("admin:leads_lead_change", args=[obj.pk]),
-            reverse("admin:audit_auditevent_changelist"),
-            obj.pk,
+            self.see_also(obj),
         )
 
     @admin.display(description="See also")
     def see_also(self, obj: Lead) -> str:
+        """The lead's page and its trail: in "Manage", and alone for those who only read."""
         if obj.pk is None:
             return ""
         return format_html(
