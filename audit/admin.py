@@ -21,6 +21,11 @@ def _rep_names(ids: set[int]) -> dict[int, str]:
     return dict(rep_model.objects.filter(pk__in=ids).values_list("pk", "name")) if ids else {}
 
 
+def _group_ids(slugs: set[str]) -> dict[str, int]:
+    group_model = apps.get_model("rotation", "Group")
+    return dict(group_model.objects.filter(slug__in=slugs).values_list("slug", "pk")) if slugs else {}
+
+
 def _an_id(value: str) -> bool:
     """A lead's or rep's id as typed in the address or the search box ("²" is a digit, no number)."""
     return value.isascii() and value.isdigit() and int(value) < 2**63
@@ -55,7 +60,7 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     # The sentence first after the type: on a laptop beside the menu and the filters, the
     # columns past it are the ones scrolled to.
-    list_display = ("id", "when", "type", "summary", "lead", "group", "rep", "actor")
+    list_display = ("id", "when", "type", "summary", "lead", "group_link", "rep", "actor")
     # Dates by range rather than a date hierarchy, whose drill-down reads every event's date.
     list_filter = ("type", GroupFilter, ("at", DateFilter))
     search_fields = ("actor", "request_id")  # and a number: a lead or rep id (get_search_results)
@@ -71,7 +76,7 @@ class AuditEventAdmin(admin.ModelAdmin):
         "when",
         "actor",
         "lead",
-        "group",
+        "group_link",
         "rep",
         "summary",
         "request_id",
@@ -112,18 +117,35 @@ class AuditEventAdmin(admin.ModelAdmin):
         return super().changelist_view(request, {**extra, **(extra_context or {})})
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
-        """The reps the page's events name, read in one query for the whole page."""
+        """The reps and groups the page's events name, read in one query each for the whole page."""
         changelist = super().get_changelist_instance(request)
         events = list(changelist.result_list)
         names = _rep_names(set().union(*(rep_ids(e.explanation, e.rep_id) for e in events)))
+        groups = _group_ids({e.group for e in events if e.group})
         for event in events:
-            event._rep_names = names
+            self._annotate(request, event, names, groups)
         changelist.result_list = events
         return changelist
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        event = super().get_object(request, object_id, from_field)
+        if event is not None:  # the event's own page
+            names = _rep_names(rep_ids(event.explanation, event.rep_id))
+            self._annotate(request, event, names, _group_ids({event.group} if event.group else set()))
+        return event
+
+    @staticmethod
+    def _annotate(request: HttpRequest, event: AuditEvent, names: dict[int, str], groups: dict[str, int]) -> None:
+        """The names and the pages to link, decided once for the request: the rep and the group
+        link to their pages for a user who may view them (a deleted one stays text)."""
+        user = request.user
+        event._rep_names = names  # type: ignore[attr-defined]
+        event._group_ids = groups if user.has_perm("rotation.view_group") else {}  # type: ignore[attr-defined]
+        event._link_reps = user.has_perm("rotation.view_rep")  # type: ignore[attr-defined]
+
     def _names(self, obj: AuditEvent) -> dict[int, str]:
         names = getattr(obj, "_rep_names", None)
-        if names is None:  # the event's own page
+        if names is None:
             names = obj._rep_names = _rep_names(rep_ids(obj.explanation, obj.rep_id))  # type: ignore[attr-defined]
         return names
 
@@ -140,12 +162,28 @@ class AuditEventAdmin(admin.ModelAdmin):
             return "-"
         return format_html('<a href="{}">#{}</a>', reverse("admin:leads_lead_change", args=[obj.lead_id]), obj.lead_id)
 
+    @admin.display(description="Group", ordering="group")
+    def group_link(self, obj: AuditEvent) -> str:
+        """The group's page, where its rotation and members are: from an event, the next
+        question is usually "who else is in this group?"."""
+        if not obj.group:
+            return "-"
+        pk = getattr(obj, "_group_ids", {}).get(obj.group)
+        if pk is None:  # deleted since, or not the user's to view
+            return obj.group
+        return format_html('<a href="{}">{}</a>', reverse("admin:rotation_group_change", args=[pk]), obj.group)
+
     @admin.display(description="Rep", ordering="rep_id")
     def rep(self, obj: AuditEvent) -> str:
         if obj.rep_id is None:
             return "-"
         name = self._names(obj).get(obj.rep_id)
-        return f"{name} (#{obj.rep_id})" if name else f"#{obj.rep_id}"
+        if not name:
+            return f"#{obj.rep_id}"
+        if not getattr(obj, "_link_reps", False):
+            return f"{name} (#{obj.rep_id})"
+        url = reverse("admin:rotation_rep_change", args=[obj.rep_id])
+        return format_html('<a href="{}">{}</a> (#{})', url, name, obj.rep_id)
 
     @admin.display(description="What happened")
     def summary(self, obj: AuditEvent) -> str:

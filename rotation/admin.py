@@ -546,13 +546,23 @@ class RoutingRuleForm(forms.ModelForm):
 @admin.register(RoutingRule)
 class RoutingRuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
     form = RoutingRuleForm
-    list_display = ("priority", "name", "group", "active")
+    list_display = ("priority", "name", "target", "active")
     list_display_links = ("name",)
     list_filter = ("active", "group")
     list_select_related = ("group",)
     search_fields = ("name",)
     ordering = ("priority", "id")
     formfield_overrides = STRICT_JSON
+
+    @admin.display(description="Group", ordering="group__slug")
+    def target(self, obj: RoutingRule) -> str:
+        """An active rule sending leads to an inactive group queues them all: the list says
+        so beside the group, where sales ops scanning the rules would otherwise not see it."""
+        if obj.group.active:
+            return str(obj.group)
+        if not obj.active:
+            return format_html("{} <strong>(inactive)</strong>", obj.group)
+        return format_html("{} <strong>(inactive: this rule's leads wait in the queue)</strong>", obj.group)
 
     def save_model(self, request: HttpRequest, obj: RoutingRule, form: Any, change: bool) -> None:
         services.rule_save(rule=obj, actor=admin_actor(request), changed=form.changed_data)

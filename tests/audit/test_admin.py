@@ -1,8 +1,12 @@
 """The audit trail's admin list, as managers reach it from a lead's or a rep's page."""
 
-import pytest
-from django.contrib.auth.models import User
+import re
 
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.utils import timezone
+
+from audit.models import AuditEvent
 from tests.conftest import lead_body
 
 pytestmark = pytest.mark.django_db
@@ -31,3 +35,34 @@ def test_the_trail_of_one_lead_or_rep_says_whose_it_is_and_links_back(manager, a
     assert "<h1>Audit trail of rep #987654</h1>" in page and 'class="trail-of"' not in page
     page = manager.get("/admin/audit/auditevent/").content.decode()
     assert "Audit trail of" not in page and 'class="trail-of"' not in page
+
+
+def test_an_event_links_its_group_and_rep_to_their_pages(manager, api, make_group, client):
+    """A manager reading why a lead went to a rep goes on to the rep's or the group's page;
+    both were plain text, on the list and on the event's own page."""
+    group, reps = make_group(1, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    rep = reps[0]
+    group_link = f'<a href="/admin/rotation/group/{group.pk}/change/">emea</a>'
+    rep_link = f'<a href="/admin/rotation/rep/{rep.pk}/change/">{rep.name}</a> (#{rep.pk})'
+    page = manager.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
+    assert group_link in page and rep_link in page, page
+    event = AuditEvent.objects.get(lead_id=lead_id, type="lead.assigned")
+    page = manager.get(f"/admin/audit/auditevent/{event.pk}/change/").content.decode()
+    assert group_link in page and rep_link in page, page
+    # A group deleted since stays its slug, a rep deleted since its number: no dead link.
+    gone = AuditEvent.objects.create(
+        type="group.changed", at=timezone.now(), actor="admin:root", group="gone-group", rep_id=987654
+    )
+    page = manager.get("/admin/audit/auditevent/?group__exact=gone-group").content.decode()
+    assert ">gone-group</td>" in page and ">#987654</td>" in page, page
+    assert not re.search(r"/admin/rotation/group/\d+/", page) and "/admin/rotation/rep/987654/" not in page
+    page = manager.get(f"/admin/audit/auditevent/{gone.pk}/change/").content.decode()
+    assert not re.search(r"/admin/rotation/group/\d+/", page) and "/admin/rotation/rep/987654/" not in page
+    # A user who may read the trail but not the configuration gets the names, unlinked.
+    reader = User.objects.create_user("reader", password="pw-for-tests-only", is_staff=True)
+    reader.user_permissions.add(Permission.objects.get(codename="view_auditevent"))
+    client.force_login(reader)
+    page = client.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
+    assert group_link not in page and rep_link not in page
+    assert f"{rep.name} (#{rep.pk})" in page and ">emea</td>" in page

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import AuditEvent
 from leads.models import Lead
 from rotation import services
-from rotation.models import Group, Membership, Rep
+from rotation.models import Group, Membership, Rep, RoutingRule
 from tests.conftest import lead_body
 from tests.factories import RepFactory
 from tests.security.test_admin_roles import form_of
@@ -957,6 +957,25 @@ def test_a_rule_saved_for_an_inactive_group_says_its_leads_will_wait(staff, make
     data["name"] = "German speakers, active group"
     r = staff.post("/admin/rotation/routingrule/add/", data, follow=True)
     assert not any("inactive" in str(m) for m in r.context["messages"])
+
+
+def test_the_rules_list_flags_a_rule_whose_group_is_inactive(staff, make_group):
+    """Sales ops scanning the rules saw "dach" beside an active rule whose every lead was
+    queued: the group had been deactivated since."""
+    dach, _ = make_group(1, slug="dach")
+    emea, _ = make_group(1, slug="emea")
+    conditions = [{"field": "country", "op": "in", "value": ["DE"]}]
+    RoutingRule.objects.create(name="German speakers", priority=5, conditions=conditions, group=dach)
+    RoutingRule.objects.create(name="Old German rule", priority=6, conditions=conditions, group=dach, active=False)
+    RoutingRule.objects.create(name="Europe", priority=7, conditions=conditions, group=emea)
+    Group.objects.filter(pk=dach.pk).update(active=False)
+    page = staff.get("/admin/rotation/routingrule/").content.decode()
+    assert page.count("dach <strong>(inactive: this rule's leads wait in the queue)</strong>") == 1, page
+    assert page.count("dach <strong>(inactive)</strong>") == 1
+    assert ">emea</td>" in page and "emea <strong>" not in page
+    # Ordered by the group, as the column it replaced was.
+    ordered = staff.get("/admin/rotation/routingrule/?o=3").content.decode()
+    assert ordered.index("dach <strong>") < ordered.index(">emea</td>")
 
 
 def test_a_rule_without_conditions_is_refused_in_words(staff, make_group):
