@@ -131,7 +131,8 @@ class DecimalFieldSchema(OpenApiSerializerFieldExtension):
 
 class ContentNegotiation(DefaultContentNegotiation):
     """`?format=` naming a format no renderer offers is a 406 saying so, as an Accept header
-    naming none is (DRF's default answers it with a bare 404, as if the resource were missing).
+    naming none is (DRF's default answers it with a bare 404, as if the resource were missing);
+    an empty Accept header is no header.
     The schema's `?format=json` still picks its JSON renderer.
 
     A body of a structured JSON type (`application/<name>+json`, RFC 6839: a JSON:API client's
@@ -145,6 +146,12 @@ class ContentNegotiation(DefaultContentNegotiation):
         if chosen is None and structured_json(request.content_type):
             chosen = next((p for p in offered if p.media_type == "application/json"), None)
         return chosen
+
+    def get_accept_list(self, request: Any) -> list[str]:
+        """An Accept header sent empty (`Accept:`, as some HTTP libraries send when told to
+        send none) is read as no header, any type: DRF read it as naming none, a 406."""
+        header = request.META.get("HTTP_ACCEPT", "")
+        return super().get_accept_list(request) if header.strip() else ["*/*"]
 
     def filter_renderers(self, renderers: Iterable[BaseRenderer], format: str) -> list[BaseRenderer]:  # noqa: A002
         kept = [renderer for renderer in renderers if renderer.format == format]

@@ -175,6 +175,16 @@ def test_an_accept_header_without_json_is_a_documented_406(api, method, path):
     assert "406" in operation["responses"]
 
 
+@pytest.mark.parametrize("accept", ["", "  ", "application/json", "*/*", "text/html, application/json;q=0.5"])
+def test_an_empty_accept_header_is_read_as_none(api, make_group, accept):
+    """`Accept:` with no value (what some HTTP libraries send when told to send none) lost the
+    lead to a 406; it means no preference, as no header does."""
+    make_group(1, slug="emea")
+    r = api.post("/api/v1/leads/", lead_body(group="emea"), format="json", HTTP_ACCEPT=accept)
+    assert r.status_code == 201 and r["Content-Type"] == "application/json", r.content
+    assert api.get("/api/v1/groups/", HTTP_ACCEPT=accept).status_code == 200
+
+
 def test_the_signed_intake_example_is_a_request_example_only():
     """The form's fields are what a form posts, not what intake answers (id, status, ...)."""
     operation = Client().get("/api/schema/?format=json").json()["paths"]["/api/v1/hooks/{source}/"]["post"]
