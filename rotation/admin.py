@@ -236,8 +236,14 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         for m in view["members"]:
             if m["reason"]:
                 m["reason"] = reason_in_words(m["reason"], zones.get(m["rep"]["id"], "UTC"))
+        # The pointer is where the next turn's walk starts; past the last member it wraps to the
+        # first (rotation/strategies.py), so "pointer at position 4" of three members said the
+        # stored number, not where the walk starts.
+        positions = sorted(m["position"] for m in view["members"])
+        start = next((p for p in positions if p >= view["pointer"]), positions[0] if positions else None)
+        wrapped = bool(positions) and view["pointer"] > positions[-1]
         # The strategy as the form names it ("Round robin"), not its code.
-        context = {"view": view, "strategy": stored.get_strategy_display()}
+        context = {"view": view, "strategy": stored.get_strategy_display(), "start": start, "wrapped": wrapped}
         return render_to_string("admin/rotation/rotation_view.html", context)
 
     def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:

@@ -65,6 +65,25 @@ def test_group_page_shows_members_and_rotation(staff, make_group):
     assert "Strategy <strong>Round robin</strong>" in html  # in words, not "round_robin"
     for rep in reps:
         assert rep.name in html
+    first = Membership.objects.filter(group=group).order_by("position").values_list("position", flat=True)[0]
+    assert "after 0 turns." in html and f"walk starts at position <strong>{first}</strong>." in html
+
+
+def test_the_group_page_says_where_the_next_turn_starts_when_the_pointer_wraps(staff, api, make_group):
+    """After the last member's turn the stored pointer is past every position: the page said
+    "pointer at position 4" of a group of three."""
+    group, reps = make_group(3, slug="emea")
+    positions = list(Membership.objects.filter(group=group).order_by("position").values_list("position", flat=True))
+    for _ in range(3):
+        api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    html = " ".join(staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode().split())
+    assert "after 3 turns." in html, html
+    wrapped = f"walk starts at position <strong>{positions[0]}</strong> (past the last member, so back at the first)."
+    assert wrapped in html
+    assert "Next: <strong>" + reps[0].name in html
+    api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    html = " ".join(staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode().split())
+    assert f"walk starts at position <strong>{positions[1]}</strong>." in html and "back at the first" not in html
 
 
 def test_group_page_shows_the_week_share_as_it_shows_the_weight_share(staff, api, make_group):
