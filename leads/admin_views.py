@@ -15,6 +15,8 @@ from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from rotation.models import Group
+
 from . import dashboard
 from .bulk import ImportFormatError, ImportReport, count_rows_in, csv_text, leads_import_steps
 
@@ -53,6 +55,8 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
         "since": since,
         "until": until,
         "group": group,
+        # The picker: with many groups, the all-groups page is a long scroll to the one wanted.
+        "groups": list(Group.objects.order_by("name", "slug").values_list("slug", "name", "active")),
         "problem": problem,
         "no_group": no_group,
     }

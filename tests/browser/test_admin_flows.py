@@ -185,6 +185,13 @@ def test_the_dashboard_renders_its_charts(page: Page, live: str):
     expect(page.locator("#group-unstaffed .dash-kpis")).to_contain_text("2")
     os.makedirs(SCREENSHOTS, exist_ok=True)
     page.screenshot(path=os.path.join(SCREENSHOTS, "dashboard.png"), full_page=True)
+    # The group picker narrows the page to one group, keeping the period.
+    page.click("text=Last 30 days")
+    page.select_option("#dash-group", "france")
+    page.click("#group-picker input[type=submit]")
+    expect(page.locator("#group-france")).to_have_count(1)
+    expect(page.locator("#group-unstaffed")).to_have_count(0)
+    assert "days=30" in page.url and "group=france" in page.url
 
 
 def test_the_share_charts_figures_fit_in_the_chart_at_a_full_share(page: Page, live: str):

@@ -421,3 +421,24 @@ def test_a_groups_queued_now_links_to_its_leads_in_the_queue(admin_client, make_
     assert "queuedlead" not in html.split('id="group-dach"')[1].split("</section>")[0]
     queue = admin_client.get(f"/admin/leads/queuedlead/?group__id__exact={emea.id}")
     assert queue.status_code == 200 and queue.context["cl"].result_count == 3
+
+
+def test_a_picker_lists_the_groups_and_shows_the_one_chosen(admin_client, make_group, post_lead):
+    """With many groups, the all-groups page was a long scroll to the one wanted; the only way
+    to one group was its title, once found."""
+    make_group(1, slug="emea", name="EMEA")
+    make_group(1, slug="apac", name="APAC", active=False)
+    post_lead(group="emea")
+    html = admin_client.get("/admin/dashboard/?days=30").content.decode()
+    picker = re.search(r'<form method="get" class="dash-filters" id="group-picker">(.*?)</form>', html, re.S)
+    assert picker, html
+    assert '<input type="hidden" name="days" value="30">' in picker[1]
+    assert '<option value="" selected>All groups</option>' in picker[1]
+    assert picker[1].index('value="apac">APAC (apac, inactive)') < picker[1].index('value="emea">EMEA (emea)')
+    # What the form sends: one panel, the group chosen selected in the picker.
+    html = admin_client.get("/admin/dashboard/", {"days": "30", "group": "emea"}).content.decode()
+    assert '<option value="emea" selected>EMEA (emea)</option>' in html
+    assert 'id="group-emea"' in html and 'id="group-apac"' not in html
+    # "All groups" in the picker sends an empty group: every panel again.
+    html = admin_client.get("/admin/dashboard/", {"days": "30", "group": ""}).content.decode()
+    assert 'id="group-emea"' in html and 'id="group-apac"' in html
