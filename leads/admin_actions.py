@@ -4,6 +4,7 @@ from its page. Everything goes through `leads/actions.py`, audited as `admin:<us
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -105,6 +106,34 @@ def _warn_not_eligible(
         )
 
 
+# Each lead is its own routing transaction (about 5 ms): "Select all" over a large list held
+# the request for minutes, past any proxy's timeout, the manager not knowing what was done.
+MAX_LEADS_PER_ACTION = 1000
+
+Action = Callable[[admin.ModelAdmin, HttpRequest, QuerySet[Lead]], HttpResponse | None]
+
+
+def bounded(action: Action) -> Action:
+    """Refuses, before doing anything, an action over more than MAX_LEADS_PER_ACTION leads
+    ("Select all N" over a large list), saying how many were selected and what to do."""
+
+    @functools.wraps(action)
+    def run(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> HttpResponse | None:
+        if request.POST.get("select_across") == "1":
+            count = queryset.count()
+            if count > MAX_LEADS_PER_ACTION:
+                modeladmin.message_user(
+                    request,
+                    f"{count:,} leads selected: an action takes at most {MAX_LEADS_PER_ACTION:,} at a time. "
+                    "Nothing was done. Narrow the list with a filter or the search, then select again.",
+                    messages.ERROR,
+                )
+                return None
+        return action(modeladmin, request, queryset)
+
+    return run
+
+
 def _from_queue(modeladmin: admin.ModelAdmin) -> bool:
     """On the fallback queue page an action applies only to leads still queued."""
     return modeladmin.model is QueuedLead
@@ -142,6 +171,7 @@ def _run_each(
 
 
 @admin.action(description="Assign selected leads to a rep…", permissions=["change"])
+@bounded
 def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> HttpResponse | None:
     """An intermediate page: pick the rep and give a reason, then assign every selected lead."""
     # Leads of one group (the queue filtered by it, most often): its members are offered first.
@@ -180,6 +210,7 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
 
 
 @admin.action(description="Route selected leads again (rules and rotation)", permissions=["change"])
+@bounded
 def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
     actor = admin_actor(request)
     queued: dict[str, list[int]] = {}
@@ -217,6 +248,7 @@ def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QueryS
 
 
 @admin.action(description="Mark selected leads accepted by their owner", permissions=["change"])
+@bounded
 def accept_for_owner(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
     """A rep who took the lead by phone or e-mail: the manager records it for the rep who owns
     the lead, and its SLA clock stops, as with `POST /api/v1/leads/{id}/accept/`. A lead that
@@ -233,7 +265,7 @@ def accept_for_owner(modeladmin: admin.ModelAdmin, request: HttpRequest, queryse
     _run_each(modeladmin, request, queryset.order_by("id"), accept, "marked accepted by their owner")
 
 
-def _close_action(outcome: str) -> Callable[[admin.ModelAdmin, HttpRequest, QuerySet[Lead]], None]:
+def _close_action(outcome: str) -> Action:
     def close(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
         actor = admin_actor(request)
         _run_each(
@@ -247,7 +279,7 @@ def _close_action(outcome: str) -> Callable[[admin.ModelAdmin, HttpRequest, Quer
         )
 
     close.__name__ = f"close_{outcome}"
-    return admin.action(description=f"Close selected leads as {outcome}", permissions=["change"])(close)
+    return admin.action(description=f"Close selected leads as {outcome}", permissions=["change"])(bounded(close))
 
 
 close_disqualified = _close_action("disqualified")

@@ -84,6 +84,35 @@ def test_assigning_every_queued_lead_across_pages_assigns_them_all(api, make_gro
     assert set(Lead.objects.filter(pk__in=ids).values_list("status", "owner_id")) == {("assigned", reps[1].id)}
 
 
+@pytest.mark.parametrize("action", ["assign_to_rep", "reroute", "close_disqualified", "accept_for_owner"])
+def test_select_all_over_more_leads_than_an_action_takes_is_refused_before_anything(
+    api, make_group, manager, monkeypatch, action
+):
+    """Each lead is its own routing transaction: "Select all" over tens of thousands held the
+    request for minutes, past any proxy's timeout, with no word of what had been done."""
+    from leads import admin_actions
+
+    monkeypatch.setattr(admin_actions, "MAX_LEADS_PER_ACTION", 3)
+    group, reps, ids = queued_leads(api, make_group, 4)
+    url = "/admin/leads/queuedlead/" if action != "accept_for_owner" else "/admin/leads/lead/"
+    post = {"action": action, "select_across": "1", "index": "0", "_selected_action": ids[:1]}
+    r = manager.post(url, post, follow=True)
+    assert [str(m) for m in r.context["messages"]] == [
+        "4 leads selected: an action takes at most 3 at a time. Nothing was done. "
+        "Narrow the list with a filter or the search, then select again."
+    ]
+    assert set(Lead.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"queued"}
+    assert not AuditEvent.objects.filter(actor="admin:maria").exists()
+    # As many as the limit: the action runs (the form, or the leads closed).
+    monkeypatch.setattr(admin_actions, "MAX_LEADS_PER_ACTION", 4)
+    r = manager.post(url, post, follow=True)
+    assert not any("Nothing was done" in str(m) for m in r.context["messages"])
+    if action == "assign_to_rep":
+        assert "Assign 4 leads" in r.content.decode()
+    if action == "close_disqualified":
+        assert Lead.objects.filter(pk__in=ids, outcome="disqualified").count() == 4
+
+
 def test_a_bulk_action_that_fails_on_many_leads_says_how_many(api, make_group, manager):
     """Past 20 refusals the message listed the first 20 and said nothing of the rest: closing 30
     leads of which 25 were closed already read as 5 done and 20 not done."""
