@@ -17,6 +17,8 @@ http.client). Scenarios, in this order, so that each HTTP figure sits beside its
     http spread   16 clients, 100 groups
     paced 50/s    open loop at 50 leads/s (latency from the scheduled send time)
     overload      32 clients, one group
+    floor         GET /healthz, 16 clients: a request that validates, routes and asks
+                  PostgreSQL nothing, the ceiling of any intake on this stack and host
 
 Each raw SQL run and its HTTP run are taken in alternated slices (pgbench, HTTP, pgbench,
 HTTP, ...; --slices), so that a ratio compares the two on the same host: a shared virtual
@@ -370,6 +372,18 @@ class Client:
                     raise
         raise AssertionError("unreachable")
 
+    def get(self, path: str) -> int:
+        """A GET on the same keep-alive socket (the floor run: `GET /healthz`); its status."""
+        if self.sock is None:
+            self.sock = socket.create_connection((HOST, self.port), timeout=30)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.pending = b""
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {HOST}:{self.port}\r\n\r\n".encode())
+        status, _, close = self._read_response(self.sock)
+        if close:
+            self.close()
+        return status
+
     def _read_response(self, sock: socket.socket) -> tuple[int, bytes, bool]:
         data = self.pending
         while (end := data.find(b"\r\n\r\n")) < 0:
@@ -464,6 +478,60 @@ def closed_loop(
                 run.failures.append(f"client {index}: {exc!r}")
         finally:
             client.close()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join(seconds + 60)
+    run.seconds = time.perf_counter() - t0
+    return run
+
+
+@dataclass
+class FloorRun:
+    """`GET /healthz` in a closed loop: a Django request through the whole middleware that
+    validates nothing, routes nothing and asks PostgreSQL nothing. Its rate on the same
+    gunicorn is the ceiling any intake on this stack could reach on this host."""
+
+    clients: int
+    seconds: float = 0.0
+    ok: int = 0
+    other: int = 0
+    web_cpu_ms: float = float("nan")
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+
+def floor_loop(*, port: int, clients: int, seconds: float) -> FloorRun:
+    run = FloorRun(clients)
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+
+    def worker(index: int) -> None:
+        client = Client(port, "")
+        ok = other = 0
+        try:
+            start.wait()
+            deadline = time.perf_counter() + seconds
+            for _ in range(MAX_REQUESTS_PER_CLIENT):
+                if time.perf_counter() >= deadline:
+                    break
+                if client.get("/healthz") == 200:
+                    ok += 1
+                else:
+                    other += 1
+        except OSError:
+            other += 1
+        finally:
+            client.close()
+            with lock:
+                run.ok += ok
+                run.other += other
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
     for t in threads:
@@ -855,6 +923,9 @@ def main(argv: list[str] | None = None) -> int:
         server_means(pace, before, scrape(args.port), web_cpu_seconds(server) - cpu)
         check_http(pace, before_turns)
         over = http_run("overload (32 clients)", "bench-overload", [s.overload], 32)
+        cpu = web_cpu_seconds(server)
+        floor = floor_loop(port=args.port, clients=16, seconds=max(2.0, seconds / slices))
+        floor.web_cpu_ms = (web_cpu_seconds(server) - cpu) / max(floor.ok + floor.other, 1) * 1000
     finally:
         stop_server(server)
 
@@ -868,6 +939,12 @@ def main(argv: list[str] | None = None) -> int:
         for problem in sql.problems:
             lines.append(f"  {sql.name}: {problem}")
     lines.append("")
+    lines.append(
+        f"floor: GET /healthz (the whole middleware; no validation, no routing, no SQL), 16 clients, "
+        f"same gunicorn: {floor.rate:,.0f}/s, {fmt(floor.web_cpu_ms, 2)} ms of web CPU each"
+        + (f", {floor.other} not 200" if floor.other else "")
+        + f"; half the raw SQL rate over 100 groups is {sql_spread.tps / 2:,.0f}/s"
+    )
     lines.append(
         f"gunicorn: {env.get('WEB_WORKERS', 'default')} workers x {env.get('WEB_THREADS', 'default')} threads "
         f"(gunicorn.conf.py); Idempotency-Key: {'yes' if args.idempotency_keys else 'no'}; "
@@ -900,6 +977,7 @@ def main(argv: list[str] | None = None) -> int:
                         for r in (hot, spread, pace, over)
                     ],
                     "sql": [{"name": r.name, "tps": r.tps, "exact": r.exact} for r in (sql_hot, sql_spread)],
+                    "floor": {"rate": floor.rate, "web_cpu_ms": floor.web_cpu_ms, "not_200": floor.other},
                     "uptime": uptime(),
                 },
                 indent=2,

@@ -50,3 +50,16 @@ def test_sliced_runs_add_up():
     one.lead_ids, two.lead_ids = [1, 2], [3]
     merged = http_merge("h", [one, two])
     assert merged.rate == 2500 / 10.0 and merged.lead_ids == [1, 2, 3]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_floor_run_counts_healthz_answers(live_server):
+    """The floor run speaks keep-alive HTTP/1.1 to a real server and counts its 200s."""
+    from urllib.parse import urlsplit
+
+    from bench.run import floor_loop
+
+    port = urlsplit(live_server.url).port
+    run = floor_loop(port=port, clients=2, seconds=0.5)
+    assert run.ok > 0 and run.other == 0
+    assert run.rate == run.ok / run.seconds
