@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from django.conf import settings
-from django.core.exceptions import TooManyFieldsSent
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
 from django.db import DataError, OperationalError
 from django.http import (
     FileResponse,
@@ -17,6 +17,7 @@ from django.http import (
     HttpResponseRedirect,
     JsonResponse,
     StreamingHttpResponse,
+    UnreadablePostError,
 )
 from django.urls import Resolver404, is_valid_path, resolve
 
@@ -55,6 +56,10 @@ class AdminListGuardMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if isinstance(exception, SuspiciousOperation):
+            # Too many fields, a body too big: reading request.GET or POST here would raise it
+            # again; Django answers it with a 400.
+            return None
         hostile_filter = isinstance(exception, DataError | OverflowError | IndexError | ValueError)
         on_a_list = request.method in ("GET", "HEAD") and request.path.startswith("/admin/") and request.GET
         if on_a_list and hostile_filter and "e" not in request.GET:
@@ -141,11 +146,15 @@ class NoStoreMiddleware:
         return response
 
 
+_FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
 class BodySizeLimitMiddleware:
-    """413 for API bodies over the limit, before anything reads them; and a JSON 400 for a
-    query string of more parameters than Django parses (DATA_UPLOAD_MAX_NUMBER_FIELDS), which
-    Django raises as a SuspiciousOperation from whatever first reads `request.GET`: an HTML
-    400 with DEBUG off, and with DEBUG on a 500, its debug page reading `request.GET` again."""
+    """413 for API bodies over the limit, before anything reads them; and a 400 (JSON under the
+    API, plain text elsewhere) for a query string or a form body of more parameters than Django
+    parses (DATA_UPLOAD_MAX_NUMBER_FIELDS), which Django raises as a SuspiciousOperation from
+    whatever first reads `request.GET` or `request.POST`: an HTML 400 with DEBUG off, and with
+    DEBUG on a 500, its debug page reading them again."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -173,6 +182,26 @@ class BodySizeLimitMiddleware:
             except TooManyFieldsSent:
                 limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
                 return JsonResponse({"detail": f"Too many query parameters (at most {limit})."}, status=400)
+            return self.get_response(request)
+        # The admin and the other pages: the same refusal as a plain 400, for the query string
+        # and for a form's body (CSRF's check reads the form before any view would anyway).
+        try:
+            request.GET  # noqa: B018
+            if request.method == "POST" and request.content_type in _FORM_TYPES:
+                request.POST  # noqa: B018
+        except UnreadablePostError:
+            pass  # the client went away mid-body: met again, and answered, where it is read
+        except TooManyFieldsSent:
+            limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+            return HttpResponseBadRequest(
+                f"Too many fields in the request (at most {limit}).", content_type="text/plain; charset=utf-8"
+            )
+        except RequestDataTooBig:
+            return HttpResponse(
+                f"The form's body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes.",
+                status=413,
+                content_type="text/plain; charset=utf-8",
+            )
         return self.get_response(request)
 
 

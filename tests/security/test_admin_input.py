@@ -350,3 +350,27 @@ def test_the_lowest_max_attempts_and_weight_are_said_as_1_whatever_was_typed(mak
     assert r.status_code == 200
     assert page.count("Ensure this value is greater than or equal to 1.") == 2, page
     assert "greater than or equal to 0" not in page
+
+
+@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("where", ["query", "form"])
+def test_an_admin_request_of_too_many_fields_is_a_400_naming_the_limit(admin_client, settings, debug, where):
+    """Django refuses to parse more fields than DATA_UPLOAD_MAX_NUMBER_FIELDS; with DEBUG on
+    (`make run`) its debug page read them again and answered a 500. A form of many fields
+    posts, as before."""
+    settings.DEBUG = debug
+    limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    fields = {f"f{i}": "x" for i in range(limit + 1)}
+    if where == "query":
+        r = admin_client.get("/admin/leads/lead/", fields)
+    else:
+        r = admin_client.post("/admin/leads/lead/", {"action": "delete_selected", **fields})
+    assert r.status_code == 400
+    assert f"Too many fields in the request (at most {limit})." in r.content.decode()
+    assert admin_client.get("/admin/leads/lead/", {"q": "x"}).status_code == 200
+
+
+def test_an_admin_form_body_over_the_size_limit_is_a_413(admin_client, settings):
+    settings.DEBUG = True
+    r = admin_client.post("/admin/leads/lead/", {"q": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)})
+    assert r.status_code == 413 and b"over" in r.content
