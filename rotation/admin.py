@@ -1,4 +1,5 @@
 import itertools
+from contextlib import suppress
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -252,7 +253,8 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
             _warn_inactive_group_gets_leads(self, request, obj)
 
     def delete_model(self, request: HttpRequest, obj: Group) -> None:
-        services.group_delete(group=obj, actor=admin_actor(request))
+        with suppress(Group.DoesNotExist):  # deleted by another request meanwhile: gone either way
+            services.group_delete(group=obj, actor=admin_actor(request))
 
     def save_formset(self, request: HttpRequest, form: Any, formset: BaseInlineFormSet, change: bool) -> None:
         actor = admin_actor(request)
@@ -260,7 +262,8 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
             return super().save_formset(request, form, formset, change)
         formset.save(commit=False)
         for obj in formset.deleted_objects:
-            services.membership_remove(membership=obj, actor=actor)
+            with suppress(Membership.DoesNotExist):  # removed by another request meanwhile
+                services.membership_remove(membership=obj, actor=actor)
         # Rows left to append (or to move to the end) go last, after every row given its place,
         # so that they append after those places (appended first, one could take a position
         # another row names).
@@ -502,13 +505,15 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         return response
 
     def delete_model(self, request: HttpRequest, obj: Rep) -> None:
-        services.rep_delete(rep=obj, actor=admin_actor(request))
+        with suppress(Rep.DoesNotExist):  # deleted by another request meanwhile
+            services.rep_delete(rep=obj, actor=admin_actor(request))
 
     def save_formset(self, request: HttpRequest, form: Any, formset: BaseInlineFormSet, change: bool) -> None:
         actor = admin_actor(request)
         formset.save(commit=False)
         for obj in formset.deleted_objects:
-            services.absence_remove(absence=obj, actor=actor)
+            with suppress(Absence.DoesNotExist):  # removed by another request meanwhile
+                services.absence_remove(absence=obj, actor=actor)
         for obj, changed in formset.changed_objects:
             services.absence_update(absence=obj, actor=actor, changed=changed)
         for obj in formset.new_objects:
@@ -585,7 +590,8 @@ class RoutingRuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
             )
 
     def delete_model(self, request: HttpRequest, obj: RoutingRule) -> None:
-        services.rule_delete(rule=obj, actor=admin_actor(request))
+        with suppress(RoutingRule.DoesNotExist):  # deleted by another request meanwhile
+            services.rule_delete(rule=obj, actor=admin_actor(request))
 
 
 class AccountForm(forms.ModelForm):

@@ -86,6 +86,8 @@ class Group(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["is_default"], condition=Q(is_default=True), name="one_default_group"),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="group_max_attempts_positive"),
+            # clean() names a slug taken in another case; this holds it for two requests at once.
+            models.UniqueConstraint(Lower("slug"), name="group_slug_unique_without_case"),
         ]
 
     def __str__(self) -> str:

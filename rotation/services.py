@@ -185,6 +185,7 @@ def group_delete(*, group: Group, actor: str) -> None:
         raise InUse(kept)
     # The rotation row goes with the group: taken first, as routing takes it, with its timeout.
     _rotation_row_locked(group.pk)
+    _still_there(group)
     # Each member's trail ends with leaving the group, as when removed one by one.
     removed = [(slug, m) for m in Membership.objects.filter(group=group).order_by("position")]
     # Its webhook endpoints go with it (the foreign key cascades): their trails end here too.
@@ -231,6 +232,8 @@ def rep_delete(*, rep: Rep, actor: str) -> None:
     """Deletes a rep (its memberships and accounts with it), each group's and account's trail
     ending with the removal."""
     rep_id = rep.pk
+    set_lock_timeout()
+    _still_there(rep)
     removed = [
         (m.group.slug, m) for m in Membership.objects.filter(rep=rep).select_related("group").order_by("group_id")
     ]
@@ -260,6 +263,15 @@ def _rotation_row_locked(group_id: int) -> RotationState | None:
     raised (a 503 with Retry-After in the API) rather than the request hanging with it."""
     set_lock_timeout()
     return RotationState.objects.select_for_update(no_key=True).filter(group_id=group_id).first()
+
+
+def _still_there(obj: Group | Rep | Membership | Absence | RoutingRule) -> None:
+    """Locks the row about to be deleted, and raises its model's DoesNotExist when another
+    request deleted it first: of two deletes at once, one deletes (and is audited), the other
+    finds nothing to delete (a 404 in the API), rather than both saying they did."""
+    model = type(obj)
+    if not model.objects.select_for_update().filter(pk=obj.pk).values_list("pk", flat=True):
+        raise model.DoesNotExist(f"{model._meta.verbose_name} {obj.pk} was deleted by another request.")
 
 
 def next_position(group: Group, *, moved: Membership | None = None) -> int:
@@ -367,8 +379,9 @@ def membership_remove(*, membership: Membership, actor: str) -> None:
     Its own place on the weighted clock goes with it (under the rotation lock): routing drops
     it at the next lead anyway, but a rep added back before that would have found it."""
     state = _rotation_row_locked(membership.group_id)
+    _still_there(membership)
     # The row as stored (an admin form may hold edits; escalation may have paused it).
-    removed = (membership.group.slug, Membership.objects.filter(pk=membership.pk).first() or membership)
+    removed = (membership.group.slug, Membership.objects.get(pk=membership.pk))
     # Its next turn and the weight that turn was laid out for: a weight left behind would read,
     # to a rep added back with another one, as a change of weights (everyone placed again).
     own = {str(membership.rep_id), f"{WEIGHT_KEY}{membership.rep_id}"}
@@ -457,6 +470,8 @@ def absence_update(*, absence: Absence, actor: str, changed: Iterable[str]) -> A
 @transaction.atomic
 def absence_remove(*, absence: Absence, actor: str) -> None:
     rep_id, absence_id = absence.rep_id, absence.pk
+    set_lock_timeout()
+    _still_there(absence)
     # The window itself stays in the trail: which days the rep was marked away, taken back.
     before = _values(absence, ["id", "starts_at", "ends_at", "reason"])
     absence.delete()
@@ -495,6 +510,8 @@ def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = 
 
 @transaction.atomic
 def rule_delete(*, rule: RoutingRule, actor: str) -> None:
+    set_lock_timeout()
+    _still_there(rule)
     name, group, before = rule.name, rule.group.slug, _values(rule, _field_names(rule))
     before["group"] = group
     rule.delete()

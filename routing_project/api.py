@@ -84,13 +84,26 @@ class DecimalField(serializers.DecimalField):
     A JSON number is a binary float: one with more decimal places than the field keeps (1.234)
     is rounded to them, half up, as the schema's number form (a minimum and a maximum, no
     step) allows it; its range is checked before rounding, so 0.004 stays under a minimum of
-    0.01. Text is exact: more places than the field keeps is a 400, as its pattern says."""
+    0.01. Text is exact: ASCII digits with an optional fraction, as its pattern says (Python's
+    Decimal would read "1e3", " 7 ", "1_000", "+5", ".5" and other scripts' digits); more
+    places than the field keeps is a 400."""
+
+    _TEXT = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("coerce_to_string", False)
         super().__init__(**kwargs)
 
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if isinstance(data, str):
+            return (False, data)  # "" is no number (DRF reads it as null): only null is null
+        return super().validate_empty_values(data)
+
     def to_internal_value(self, data: Any) -> Decimal:
+        if isinstance(data, str) and not self._TEXT.fullmatch(data):
+            raise serializers.ValidationError(
+                "Write the number with the digits 0-9 and a point for a fraction (7, 0.5, 12.25), or as a JSON number."
+            )
         if isinstance(data, float) and self.decimal_places is not None and math.isfinite(data):
             raw = Decimal(repr(data))
             if self.min_value is not None and raw < self.min_value:

@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -134,7 +135,10 @@ class RuleViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
         services.rule_save(rule=rule, actor=actor_of(self.request), changed=list(serializer.validated_data))
 
     def perform_destroy(self, instance: RoutingRule) -> None:
-        services.rule_delete(rule=instance, actor=actor_of(self.request))
+        try:
+            services.rule_delete(rule=instance, actor=actor_of(self.request))
+        except RoutingRule.DoesNotExist as exc:  # deleted by another request meanwhile
+            raise NotFound(str(exc)) from None
 
 
 class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
@@ -193,5 +197,8 @@ class AbsenceViewSet(
         )
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        services.absence_remove(absence=self.get_object(), actor=actor_of(request))
+        try:
+            services.absence_remove(absence=self.get_object(), actor=actor_of(request))
+        except Absence.DoesNotExist as exc:  # deleted by another request meanwhile
+            raise NotFound(str(exc)) from None
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -73,6 +73,8 @@ class GroupViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
             raise Conflict(f"The group has {kept}; deactivate it instead (active: false).") from None
         except ProtectedError:
             raise Conflict("The group has leads or rules; deactivate it instead (active: false).") from None
+        except Group.DoesNotExist as exc:  # deleted by another request meanwhile
+            raise NotFound(str(exc)) from None
 
 
 @extend_schema_view(
@@ -169,7 +171,10 @@ class MembershipViewSet(
             raise NotFound(str(exc)) from None
 
     def perform_destroy(self, instance: Membership) -> None:
-        services.membership_remove(membership=instance, actor=actor_of(self.request))
+        try:
+            services.membership_remove(membership=instance, actor=actor_of(self.request))
+        except Membership.DoesNotExist as exc:  # removed by another request meanwhile
+            raise NotFound(str(exc)) from None
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         self.perform_destroy(self.get_object())

@@ -260,6 +260,20 @@ def test_sla_minutes_that_are_no_decimal_are_a_400(api, given):
     assert r.status_code == 400 and "sla_minutes" in r.json(), r.content
 
 
+# Python's Decimal reads all of these; the schema's pattern (digits, a point, digits) none.
+@pytest.mark.parametrize(
+    "given", ["1e3", "1E+2", " 7 ", "1_000", "\u0661\u0662", "+5", ".5", "5.", "-5", "", "0x10", "NaN"]
+)
+def test_sla_minutes_as_text_are_plain_digits_as_the_schema_says(api, make_group, given):
+    make_group(1, slug="smb")
+    before = api.get("/api/v1/groups/smb/").json()["sla_minutes"]
+    r = api.patch("/api/v1/groups/smb/", {"sla_minutes": given}, format="json")
+    assert r.status_code == 400, r.content
+    assert "digits 0-9" in r.json()["sla_minutes"][0]
+    assert api.get("/api/v1/groups/smb/").json()["sla_minutes"] == before
+    assert api.patch("/api/v1/groups/smb/", {"sla_minutes": "7"}, format="json").json()["sla_minutes"] == 7
+
+
 def test_config_events_say_what_a_value_was_before_and_a_moved_rule_shows_in_both_groups(api, make_group):
     make_group(1, slug="emea")
     _, (rep,) = make_group(1, slug="apac")

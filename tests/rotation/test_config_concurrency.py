@@ -427,3 +427,86 @@ def test_a_group_delete_that_cannot_happen_never_waits_for_routing(settings):
     assert r.status_code == 409, r.content  # not a 503: it never asked for the rotation row
     assert r.json()["detail"].startswith("The group has leads and assignments;")
     assert (Group.objects.count(), Membership.objects.count(), AuditEvent.objects.count()) == before
+
+
+def deletes_at_once(path: str, hold, n: int = 4) -> list[int]:
+    client = http_client(api_client_with(["manage"])[1])
+    return racing([lambda: client.delete(path)] * n, hold)
+
+
+def test_a_group_deleted_by_several_requests_at_once_is_deleted_once_and_audited_once():
+    group = GroupFactory(slug="going")
+    RotationState.objects.get_or_create(group=group)
+    # The rotation row, which a delete takes first.
+    statuses = deletes_at_once(
+        "/api/v1/groups/going/", lambda: RotationState.objects.select_for_update().get(group=group)
+    )
+    assert sorted(statuses) == [204, 404, 404, 404]
+    assert not Group.objects.filter(slug="going").exists()
+    deleted = AuditEvent.objects.filter(type="group.changed", explanation__action="deleted", group="going")
+    assert deleted.count() == 1
+
+
+def test_a_member_removed_by_several_requests_at_once_is_removed_once_and_audited_once():
+    group = GroupFactory(slug="team")
+    RotationState.objects.get_or_create(group=group)
+    rep = RepFactory()
+    services.membership_add(group=group, rep=rep, actor="test")
+    statuses = deletes_at_once(
+        f"/api/v1/groups/team/members/{rep.pk}/", lambda: RotationState.objects.select_for_update().get(group=group)
+    )
+    assert sorted(statuses) == [204, 404, 404, 404]
+    removed = AuditEvent.objects.filter(type="membership.changed", explanation__action="removed", rep_id=rep.pk)
+    assert removed.count() == 1
+    assert removed.get().explanation["before"]["id"] is not None
+
+
+def test_an_absence_or_a_rule_deleted_by_several_requests_at_once_is_deleted_once_and_audited_once():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from rotation.models import Absence, RoutingRule
+
+    group, rep = GroupFactory(slug="emea"), RepFactory()
+    now = timezone.now()
+    absence = Absence.objects.create(rep=rep, starts_at=now, ends_at=now + timedelta(days=1))
+    rule = services.rule_save(
+        rule=RoutingRule(
+            name="France", priority=1, conditions=[{"field": "country", "op": "equals", "value": "FR"}], group=group
+        ),
+        actor="test",
+    )
+    statuses = deletes_at_once(
+        f"/api/v1/reps/{rep.pk}/absences/{absence.pk}/", lambda: Absence.objects.select_for_update().get(pk=absence.pk)
+    )
+    assert sorted(statuses) == [204, 404, 404, 404]
+    assert AuditEvent.objects.filter(type="absence.changed", explanation__action="deleted").count() == 1
+    statuses = deletes_at_once(
+        f"/api/v1/rules/{rule.pk}/", lambda: RoutingRule.objects.select_for_update().get(pk=rule.pk)
+    )
+    assert sorted(statuses) == [204, 404, 404, 404]
+    assert AuditEvent.objects.filter(type="rule.changed", explanation__action="deleted").count() == 1
+
+
+def test_groups_made_at_once_with_one_slug_in_different_cases_are_one_group():
+    """Each request finds no group of that slug in any case; the database keeps one of them."""
+    client = http_client(api_client_with(["manage"])[1])
+    answers = []
+
+    def make(slug: str):
+        def post():
+            body = {"slug": slug, "name": slug, "strategy": "round_robin"}
+            answers.append(client.post("/api/v1/groups/", body, content_type="application/json"))
+            return answers[-1]
+
+        return post
+
+    def hold():
+        # A group of that slug made and deleted again, uncommitted: the requests pass
+        # validation, then wait on the slug's index entry until this transaction ends.
+        Group.objects.create(slug="wave", name="held").delete()
+
+    statuses = racing([make("Wave"), make("WAVE"), make("wAve")], hold)
+    assert sorted(statuses) == [201, 409, 409]
+    assert Group.objects.filter(slug__iexact="wave").count() == 1
