@@ -47,6 +47,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -450,6 +451,25 @@ def record(run: HttpRun, lock: threading.Lock, status: int, body: bytes, latency
             run.failures.append(f"{status}: {body[:200]!r}")
 
 
+def in_threads(clients: int, seconds: float, work: Callable[[int, float], None]) -> float:
+    """Runs `work(index, deadline)` in `clients` threads released together; the seconds from
+    their release to the last one's end."""
+    start = threading.Barrier(clients + 1)
+
+    def run(index: int) -> None:
+        start.wait()
+        work(index, time.perf_counter() + seconds)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join(seconds + 60)
+    return time.perf_counter() - t0
+
+
 def closed_loop(
     name: str, tag: str, *, port: int, token: str, clients: int, seconds: float, groups: list[str], part: int = 0
 ) -> HttpRun:
@@ -457,14 +477,11 @@ def closed_loop(
     slice, so that every slice posts other addresses)."""
     run = HttpRun(name, tag, clients)
     lock = threading.Lock()
-    start = threading.Barrier(clients + 1)
 
-    def worker(index: int) -> None:
+    def worker(index: int, deadline: float) -> None:
         rng = random.Random(index)
         client = Client(port, token)
         try:
-            start.wait()
-            deadline = time.perf_counter() + seconds
             for n in range(MAX_REQUESTS_PER_CLIENT):
                 if time.perf_counter() >= deadline:
                     break
@@ -479,14 +496,7 @@ def closed_loop(
         finally:
             client.close()
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join(seconds + 60)
-    run.seconds = time.perf_counter() - t0
+    run.seconds = in_threads(clients, seconds, worker)
     return run
 
 
@@ -510,14 +520,11 @@ class FloorRun:
 def floor_loop(*, port: int, clients: int, seconds: float) -> FloorRun:
     run = FloorRun(clients)
     lock = threading.Lock()
-    start = threading.Barrier(clients + 1)
 
-    def worker(index: int) -> None:
+    def worker(index: int, deadline: float) -> None:
         client = Client(port, "")
         ok = other = 0
         try:
-            start.wait()
-            deadline = time.perf_counter() + seconds
             for _ in range(MAX_REQUESTS_PER_CLIENT):
                 if time.perf_counter() >= deadline:
                     break
@@ -533,14 +540,7 @@ def floor_loop(*, port: int, clients: int, seconds: float) -> FloorRun:
                 run.ok += ok
                 run.other += other
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join(seconds + 60)
-    run.seconds = time.perf_counter() - t0
+    run.seconds = in_threads(clients, seconds, worker)
     return run
 
 
