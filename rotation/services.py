@@ -80,9 +80,14 @@ def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
     if obj.pk is None or obj._state.adding:
         return _Change(True, _field_names(obj), {})
     names = _attnames(obj, _field_names(obj) if changed is None else changed)
-    stored = type(obj)._base_manager.filter(pk=obj.pk).values(*names).first() if names else None
+    if names:
+        stored = type(obj)._base_manager.filter(pk=obj.pk).values(*names).first()
+    else:
+        stored = {} if type(obj)._base_manager.filter(pk=obj.pk).exists() else None
     if stored is None:
-        return _Change(False, names, {})
+        # Deleted by another request since it was read: saved, it would come back (Django
+        # inserts a row its update did not find), without its members or its trail.
+        raise type(obj).DoesNotExist(f"{obj._meta.verbose_name} {obj.pk} was deleted by another request.")  # type: ignore[attr-defined]
     fields = [name for name in names if stored[name] != getattr(obj, name, None)]
     return _Change(False, fields, {name: _plain(stored[name]) for name in fields})
 

@@ -2,7 +2,7 @@
 
 import logging
 
-from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
+from django.core.exceptions import ImproperlyConfigured, ObjectDoesNotExist, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, OperationalError
 from rest_framework import exceptions, status
@@ -49,6 +49,9 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         )
+    elif isinstance(exc, ObjectDoesNotExist):
+        # The object a change names was deleted by another request since this one read it.
+        exc = exceptions.NotFound(str(exc) or "Not found.")
     elif isinstance(exc, IntegrityError):
         # Validation passed, then a concurrent request wrote the same unique value first (two
         # posts of one slug, one member, one e-mail): the loser wrote nothing and is told why.

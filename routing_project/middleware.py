@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
 from django.db import DataError, OperationalError
 from django.http import (
     FileResponse,
@@ -76,6 +76,18 @@ class AdminListGuardMiddleware:
             )
             busy["Retry-After"] = "1"
             return busy
+        if (
+            request.path.startswith("/admin/")
+            and request.method == "POST"
+            and isinstance(exception, ObjectDoesNotExist)
+        ):
+            # The object the form edits was deleted by someone else since the page was read.
+            logging.getLogger(__name__).info("admin change refused: %s", type(exception).__name__)
+            return HttpResponse(
+                f"{exception} Nothing was saved; go back to the list.",
+                status=404,
+                content_type="text/plain; charset=utf-8",
+            )
         # An action posted with a selection that names no row (the page never sends one).
         forged_selection = request.method == "POST" and "_selected_action" in request.POST
         if request.path.startswith("/admin/") and forged_selection and isinstance(exception, ValueError):

@@ -512,3 +512,38 @@ def test_a_400_names_a_slug_or_an_email_taken_in_another_case_with_the_other_bad
     # A rep's own address in another case is no conflict.
     mine = api.patch(f"/api/v1/reps/{other.id}/", {"email": other.email.upper()}, format="json")
     assert mine.status_code == 200, mine.content
+
+
+@pytest.mark.parametrize("what", ["group", "rep", "rule"])
+def test_an_edit_of_an_object_deleted_meanwhile_is_a_404_and_does_not_bring_it_back(api, make_group, monkeypatch, what):
+    """Read by the PATCH, then deleted by another request before the PATCH saves it: Django's
+    save would insert the row its update did not find, bringing back a group without its
+    members or trail. The edit is refused instead."""
+    from rotation.api import rules, views
+    from rotation.models import Rep, RoutingRule
+
+    group, (rep,) = make_group(1, slug="emea")
+    if what == "group":
+        viewset, obj, url = views.GroupViewSet, group, "/api/v1/groups/emea/"
+    elif what == "rep":
+        viewset, obj, url = views.RepViewSet, rep, f"/api/v1/reps/{rep.pk}/"
+    else:
+        conditions = [{"field": "country", "op": "equals", "value": "FR"}]
+        rule = services.rule_save(
+            rule=RoutingRule(name="FR", priority=1, conditions=conditions, group=group), actor="t"
+        )
+        viewset, obj, url = rules.RuleViewSet, rule, f"/api/v1/rules/{rule.pk}/"
+    body = {"name": "Renamed"}
+    read = viewset.get_object
+
+    def read_then_lose(self):
+        found = read(self)
+        type(found).objects.filter(pk=found.pk).delete()  # the other request's delete
+        return found
+
+    monkeypatch.setattr(viewset, "get_object", read_then_lose)
+    r = api.patch(url, body, format="json")
+    assert r.status_code == 404 and "deleted by another request" in r.json()["detail"], r.content
+    model = type(obj)
+    assert not model.objects.filter(pk=obj.pk).exists()
+    assert model in (Group, Rep, RoutingRule)

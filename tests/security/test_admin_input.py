@@ -374,3 +374,25 @@ def test_an_admin_form_body_over_the_size_limit_is_a_413(admin_client, settings)
     settings.DEBUG = True
     r = admin_client.post("/admin/leads/lead/", {"q": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)})
     assert r.status_code == 413 and b"over" in r.content
+
+
+def test_an_admin_save_of_a_group_deleted_meanwhile_is_refused_and_said(make_group, monkeypatch):
+    from rotation.admin import GroupAdmin
+
+    group, _ = make_group(0, slug="emea")  # with members, the page finds one gone and says so
+    client = staff(SALES_OPS)
+    url = f"/admin/rotation/group/{group.pk}/change/"
+    data = form_of(client.get(url))
+    data["name"] = ["Renamed"]
+    save = GroupAdmin.save_model
+
+    def lose_then_save(self, request, obj, form, change):
+        Group.objects.filter(pk=obj.pk).delete()  # another user's delete, committed first
+        save(self, request, obj, form, change)
+
+    monkeypatch.setattr(GroupAdmin, "save_model", lose_then_save)
+    r = client.post(url, data)
+    assert r.status_code == 404 and "deleted by another request" in r.content.decode()
+    # (The delete here ran in the page's own transaction, rolled back with it; another user's
+    # would have committed.) Nothing of the edit was written.
+    assert Group.objects.get(pk=group.pk).name == group.name
