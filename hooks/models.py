@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from security.fields import SealedField
@@ -61,7 +62,9 @@ class IntakeSource(models.Model):
         "(kept in the raw payload).",
     )
     active = models.BooleanField(default=True)
-    rate_limit_per_minute = models.PositiveIntegerField(default=120)
+    rate_limit_per_minute = models.PositiveIntegerField(
+        default=120, validators=[MinValueValidator(1)], help_text="Posts a minute from this source before a 429."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     secret_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -46,8 +46,13 @@ class ApiClientAdmin(SuperusersOnly, admin.ModelAdmin):
     list_display = ("name", "token_prefix", "scopes", "rate_limit_per_minute", "active", "created_at", "last_used_at")
     list_filter = ("active",)
     search_fields = ("name", "token_prefix")
-    readonly_fields = ("token_prefix", "created_at", "last_used_at")
+    readonly_fields = ("token_prefix", "created_at", "last_used_at", "revoked_at")
     actions = ["revoke"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiClient | None = None) -> Any:
+        # A revoked token stays revoked: its client can be renamed or deleted, not switched on.
+        fields = super().get_readonly_fields(request, obj)
+        return (*fields, "active") if obj is not None and obj.revoked_at is not None else fields
 
     def save_model(self, request: HttpRequest, obj: ApiClient, form: Any, change: bool) -> None:
         if change:

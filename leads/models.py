@@ -1,5 +1,6 @@
 import hashlib
 
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -18,10 +19,17 @@ class ApiClient(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)
     token_prefix = models.CharField(max_length=12, help_text="First characters of the token, to recognise it.")
     scopes = models.JSONField(default=list)
-    active = models.BooleanField(default=True)
-    rate_limit_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    active = models.BooleanField(default=True, help_text="Off: its token gets 401 until switched on again.")
+    rate_limit_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Requests a minute before a 429 (empty: the server's API_RATE_LIMIT_PER_MINUTE).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # Revoked for good (the admin's action): never active again; a new client gets a new token.
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]

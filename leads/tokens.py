@@ -1,7 +1,9 @@
 import secrets
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from .models import ApiClient
 
@@ -32,7 +34,7 @@ def api_client_revoke(*, client: ApiClient, actor: str) -> None:
     from audit.models import AuditEvent
     from audit.services import audit_record
 
-    ApiClient.objects.filter(pk=client.pk).update(active=False)
+    ApiClient.objects.filter(pk=client.pk).update(active=False, revoked_at=timezone.now())
     audit_record(
         type=AuditEvent.Type.CLIENT_CHANGED, actor=actor, explanation={"api_client": client.name, "change": "revoked"}
     )
@@ -75,6 +77,9 @@ def api_client_update(*, client: ApiClient, fields: list[str], actor: str) -> No
     from audit.services import audit_record
 
     fields = [f for f in fields if f in EDITABLE_FIELDS]
+    revoked = ApiClient.objects.filter(pk=client.pk, revoked_at__isnull=False).exists()
+    if "active" in fields and client.active and revoked:
+        raise ValidationError({"active": "This token was revoked for good; create another client for a new token."})
     if not fields:
         return
     if "scopes" in fields:

@@ -50,7 +50,7 @@ class BearerTokenAuthentication(BaseAuthentication):
         client = configcache.cached(
             "client",
             token_hash,
-            lambda: ApiClient.objects.filter(token_hash=token_hash, active=True).first(),
+            lambda: ApiClient.objects.filter(token_hash=token_hash, active=True, revoked_at=None).first(),
             keep_none=False,
         )
         if client is None:

@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import Group as AuthGroup
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from django.db import connections
 from django.test import Client
 
@@ -21,6 +22,7 @@ from audit.models import AuditEvent
 from hooks import services as hook_services
 from hooks.models import IntakeSource
 from leads.models import ApiClient, Lead
+from leads.tokens import api_client_create, api_client_update
 from rotation.models import Account, Group
 from security.roles import AUDITORS, MANAGERS, SALES_OPS
 from tests.conftest import lead_body
@@ -238,6 +240,32 @@ def test_an_api_token_created_in_the_admin_is_shown_once_and_works(root):
     r = root.post("/admin/leads/apiclient/", {"action": "revoke", "_selected_action": [client.pk]})
     assert r.status_code == 302
     assert api.get("/api/v1/queue/").status_code == 401
+    # For good: the page shows when, and ticking "active" again cannot bring the token back.
+    change = root.get(f"/admin/leads/apiclient/{client.pk}/change/")
+    assert b'name="active"' not in change.content and b"Revoked at" in change.content
+    r = root.post(f"/admin/leads/apiclient/{client.pk}/change/", {"name": "crm", "scopes": ["read"], "active": "on"})
+    assert r.status_code == 302
+    client.refresh_from_db()
+    assert not client.active and client.revoked_at is not None
+    assert api.get("/api/v1/queue/").status_code == 401
+    client.active = True
+    with pytest.raises(ValidationError, match="revoked for good"):
+        api_client_update(client=client, fields=["active"], actor="test")
+    assert api.get("/api/v1/queue/").status_code == 401
+
+
+def test_a_client_switched_off_can_be_switched_on_and_a_rate_limit_is_at_least_one(root):
+    client, token = api_client_create(name="paused", scopes=["read"])
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    url = f"/admin/leads/apiclient/{client.pk}/change/"
+    assert root.post(url, {"name": "paused", "scopes": ["read"]}).status_code == 302  # "active" unticked
+    assert api.get("/api/v1/queue/").status_code == 401
+    assert root.post(url, {"name": "paused", "scopes": ["read"], "active": "on"}).status_code == 302
+    assert api.get("/api/v1/queue/").status_code == 200
+    r = root.post(url, {"name": "paused", "scopes": ["read"], "active": "on", "rate_limit_per_minute": 0})
+    assert r.status_code == 200 and b"greater than or equal to 1" in r.content
+    client.refresh_from_db()
+    assert client.rate_limit_per_minute is None
 
 
 def test_an_intake_secret_is_shown_once_and_rotation_shows_the_new_one(root):
