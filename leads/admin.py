@@ -138,8 +138,10 @@ class LeadSearchMixin:
     """A whole address is looked up by its normalised form, through lead_dedup_idx: the search
     managers make most. Django's search compares it as a substring (`UPPER(email) LIKE`), which
     reads every lead. A term that is a lead's external id exactly finds that lead through
-    lead_external_id_idx. Only when neither finds a lead does the substring search over email,
-    company and external id run (reading every lead), so a partial value still finds."""
+    lead_external_id_idx. A number (or "#41") is also a lead's id, the one the rep's e-mail and
+    every page quote. Only when none of these finds a lead does the substring search over the
+    address, names, company, phone and external id run (reading every lead), so a partial
+    value still finds."""
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Lead], search_term: str) -> Any:
         from .services import normalize_email
@@ -155,7 +157,11 @@ class LeadSearchMixin:
                 if exact.exists():
                     return exact, False
         elif term and not any(c.isspace() for c in term):
-            exact = queryset.filter(external_id=term)  # through lead_external_id_idx
+            by_id = term.removeprefix("#")
+            if by_id.isascii() and by_id.isdigit() and len(by_id) <= 18:
+                exact = queryset.filter(pk=int(by_id)) | queryset.filter(external_id=term)
+            else:
+                exact = queryset.filter(external_id=term)  # through lead_external_id_idx
             if exact.exists():
                 return exact, False
         return super().get_search_results(request, queryset, search_term)  # type: ignore[misc]
@@ -187,7 +193,10 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
         SourceFilter,
         ("created_at", admin.DateFieldListFilter),
     )
-    search_fields = ("email", "company", "external_id")
+    search_fields = ("email", "first_name", "last_name", "company", "phone", "external_id")
+    search_help_text = (
+        "A lead's id (41 or #41), an e-mail address, a name, a company, a phone number or an external id."
+    )
     list_select_related = ("group", "owner")
     paginator = EstimatedCountPaginator
     show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a scan of every lead
@@ -269,7 +278,10 @@ class QueueAdmin(LeadSearchMixin, QueueActionsAdminMixin, admin.ModelAdmin):
     # Why it waits and where, before who: on a laptop the columns past these are scrolled to.
     list_display = ("id", "created_at", "group", "queue_reason", "email", "company")
     list_filter = (("group", NoGroupFilter),)
-    search_fields = ("email", "company")
+    search_fields = ("email", "first_name", "last_name", "company", "phone", "external_id")
+    search_help_text = (
+        "A lead's id (41 or #41), an e-mail address, a name, a company, a phone number or an external id."
+    )
     list_select_related = ("group",)
     show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a scan of every lead
     ordering = ("id",)

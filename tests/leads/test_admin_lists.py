@@ -98,6 +98,23 @@ def test_the_search_still_finds_by_company_and_external_id(api, make_group, mana
     assert {lead.pk for lead in part.context["cl"].result_list} == {acme, other}
 
 
+def test_the_search_finds_a_lead_by_its_id_and_by_names_and_phone(api, make_group, manager):
+    make_group(2, slug="emea")
+    ada = post_leads(api, "emea", "a@one.example", first_name="Ada", last_name="Byron", phone="+33 6 12 34 56 78")[0]
+    other = post_leads(api, "emea", "b@two.example", first_name="Grace", external_id=str(ada))[0]
+    # 41: the lead of that id, and one whose external id is "41"; #41: the id alone.
+    for term, found in ((str(ada), {ada, other}), (f"%23{ada}", {ada})):
+        page, queries = get(manager, f"/admin/leads/lead/?q={term}")
+        assert {lead.pk for lead in page.context["cl"].result_list} == found
+        assert not [q for q in queries if "LIKE" in q.upper()]
+    for term in ("ada", "BYRON", "12%2034%2056"):
+        page, _ = get(manager, f"/admin/leads/lead/?q={term}")
+        assert [lead.pk for lead in page.context["cl"].result_list] == [ada], term
+    assert "A lead&#x27;s id (41 or #41)" in page.content.decode()
+    huge, _ = get(manager, "/admin/leads/lead/?q=99999999999999999999999")
+    assert list(huge.context["cl"].result_list) == []
+
+
 def test_the_queue_finds_a_whole_email_address_among_queued_leads_only(api, make_group, manager):
     group, _ = make_group(2, slug="emea")
     group.memberships.update(active=False)
