@@ -86,6 +86,20 @@ def test_the_group_page_says_where_the_next_turn_starts_when_the_pointer_wraps(s
     assert f"walk starts at position <strong>{positions[1]}</strong>." in html and "back at the first" not in html
 
 
+def test_a_weighted_groups_page_says_an_ineligible_members_next_turn_waits_for_it(staff, api, make_group):
+    """"Next turn in 2" beside "no: rep inactive" read as a turn coming; it comes once the
+    member is eligible again."""
+    group, reps = make_group(3, slug="emea", strategy="weighted")
+    for _ in range(2):
+        api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    Membership.objects.filter(group=group, rep=reps[2]).update(active=False)
+    html = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
+    row = html.split(reps[2].name, 1)[1].split("</tr>", 1)[0]
+    assert "no: " in row and ", once eligible</td>" in row
+    eligible = html.split(reps[0].name, 1)[1].split("</tr>", 1)[0]
+    assert "once eligible" not in eligible
+
+
 def test_group_page_shows_the_week_share_as_it_shows_the_weight_share(staff, api, make_group):
     """Two decimals both: "0.33" of the weights beside "0.67" of the week, not "0.6667"."""
     group, reps = make_group(3, slug="emea")
