@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -33,6 +34,8 @@ def _values(obj: Model, fields: Iterable[str]) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     if isinstance(value, Model):
         return value.pk
+    if isinstance(value, Decimal):
+        return format(value, "f")  # "100000", never "1E+5" (as a form reads "1e5")
     if value is not None and not isinstance(value, str | int | float | bool | list | dict):
         return str(value)
     return value

@@ -87,7 +87,7 @@ def test_the_group_page_says_where_the_next_turn_starts_when_the_pointer_wraps(s
 
 
 def test_a_weighted_groups_page_says_an_ineligible_members_next_turn_waits_for_it(staff, api, make_group):
-    """"Next turn in 2" beside "no: rep inactive" read as a turn coming; it comes once the
+    """ "Next turn in 2" beside "no: rep inactive" read as a turn coming; it comes once the
     member is eligible again."""
     group, reps = make_group(3, slug="emea", strategy="weighted")
     for _ in range(2):

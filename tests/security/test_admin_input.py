@@ -70,6 +70,14 @@ def test_a_bad_time_zone_on_a_group_is_a_form_error_with_the_saved_rotation_show
     assert Group.objects.get(pk=group.pk).timezone == "UTC"
 
 
+def test_an_sla_typed_in_exponent_form_is_audited_as_a_plain_number(make_group):
+    group, _ = make_group(1, slug="smb")
+    r = post_form(staff(SALES_OPS), f"/admin/rotation/group/{group.pk}/change/", sla_minutes="1e5")
+    assert r.status_code == 302
+    event = AuditEvent.objects.filter(type="group.changed", group="smb").latest("id")
+    assert event.explanation["changes"]["sla_minutes"] == "100000"
+
+
 def test_a_manager_edits_contact_fields_and_facts_and_the_edit_is_audited_and_deduplicated(api, make_group):
     make_group(2, slug="emea")
     first = api.post("/api/v1/leads/", lead_body(group="emea", country="FR"), format="json").json()
