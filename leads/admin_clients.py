@@ -43,7 +43,15 @@ class ApiClientAdmin(SuperusersOnly, admin.ModelAdmin):
     """Only the token's SHA-256 is stored; the token itself is shown once, on creation."""
 
     form = ApiClientForm
-    list_display = ("name", "token_prefix", "scopes", "rate_limit_per_minute", "active", "created_at", "last_used_at")
+    list_display = (
+        "name",
+        "token_prefix",
+        "scope_list",
+        "rate_limit_per_minute",
+        "active",
+        "created_at",
+        "last_used_at",
+    )
     list_filter = ("active",)
     search_fields = ("name", "token_prefix")
     readonly_fields = ("token_prefix", "created_at", "last_used_at", "revoked_at")
@@ -53,6 +61,10 @@ class ApiClientAdmin(SuperusersOnly, admin.ModelAdmin):
         # A revoked token stays revoked: its client can be renamed or deleted, not switched on.
         fields = super().get_readonly_fields(request, obj)
         return (*fields, "active") if obj is not None and obj.revoked_at is not None else fields
+
+    @admin.display(description="scopes")
+    def scope_list(self, obj: ApiClient) -> str:
+        return ", ".join(obj.scopes) or "-"  # "intake, read", not its JSON
 
     def save_model(self, request: HttpRequest, obj: ApiClient, form: Any, change: bool) -> None:
         if change:

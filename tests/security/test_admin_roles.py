@@ -233,6 +233,7 @@ def test_an_api_token_created_in_the_admin_is_shown_once_and_works(root):
     token = re.search(rb"lr_[A-Za-z0-9_\-]{20,}", r.content).group().decode()
     client = ApiClient.objects.get(name="crm")
     assert client.token_hash == ApiClient.hash_token(token) and client.scopes == ["read"]
+    assert b'<td class="field-scope_list">read</td>' in root.get("/admin/leads/apiclient/").content
     change = root.get(f"/admin/leads/apiclient/{client.pk}/change/")
     assert token.encode() not in change.content and client.token_hash.encode() not in change.content
     api = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
