@@ -76,9 +76,17 @@ class IntakeSource(models.Model):
         return self.slug
 
     def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
         problems = field_map_problems(self.field_map)
         if problems:
-            raise ValidationError({"field_map": problems})
+            errors["field_map"] = problems
+        # A form posts to /api/v1/hooks/<slug>/: "Site" beside "site" would be two sources
+        # that no one tells apart in the trail (`hook:<slug>`), as groups refuse it.
+        taken = IntakeSource.objects.filter(slug__iexact=self.slug).exclude(pk=self.pk).exclude(slug=self.slug).first()
+        if self.slug and taken is not None:
+            errors["slug"] = [f"A source with this slug already exists in another case ('{taken.slug}')."]
+        if errors:
+            raise ValidationError(errors)
 
 
 class HookDelivery(models.Model):

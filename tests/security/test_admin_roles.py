@@ -289,6 +289,17 @@ def test_an_intake_secret_is_shown_once_and_rotation_shows_the_new_one(root):
     )
     assert bad.status_code == 200 and b"not a lead field" in bad.content
     assert not IntakeSource.objects.filter(slug="bad").exists()
+    again = root.post(
+        "/admin/hooks/intakesource/add/",
+        {"slug": "Site", "name": "Site again", "field_map": "{}", "active": "on", "rate_limit_per_minute": 60},
+    )
+    assert again.status_code == 200 and b"already exists in another case (&#x27;site&#x27;)" in again.content
+    assert list(IntakeSource.objects.values_list("slug", flat=True)) == ["site"]
+    kept = root.post(
+        f"/admin/hooks/intakesource/{source.pk}/change/",
+        {"slug": "site", "name": "Site renamed", "field_map": "{}", "active": "on", "rate_limit_per_minute": 60},
+    )
+    assert kept.status_code == 302  # its own slug is no conflict
 
 
 def test_admin_login_is_throttled_against_guessing(settings):
