@@ -113,6 +113,31 @@ def test_auto_pause_is_off_by_default_and_accept_resets_the_count(api, make_grou
     assert Membership.objects.get(pk=member.pk).consecutive_misses == 0
 
 
+@pytest.mark.django_db
+def test_misses_made_while_auto_pause_was_off_do_not_count_once_it_is_on(api, make_group):
+    """Turned on at 2 after 3 misses, the member is not paused at its next miss: the run of
+    misses starts when the setting does."""
+    group, (rep,) = make_group(1, slug="emea", sla_minutes="1", max_attempts=1)
+    for _ in range(3):
+        _miss(api, "emea")
+    member = Membership.objects.get(group=group, rep=rep)
+    assert member.active and member.consecutive_misses == 3
+    r = api.patch("/api/v1/groups/emea/", {"auto_pause_after_misses": 2}, format="json")
+    assert r.status_code == 200
+    assert Membership.objects.get(pk=member.pk).consecutive_misses == 0
+    _miss(api, "emea")
+    member.refresh_from_db()
+    assert member.active and member.consecutive_misses == 1
+    _miss(api, "emea")
+    member.refresh_from_db()
+    assert not member.active and member.paused_reason == "auto-paused after 2 consecutive SLA misses"
+    # Raised later, the run it counts goes on.
+    api.patch(f"/api/v1/groups/emea/members/{rep.pk}/", {"active": True}, format="json")
+    api.patch("/api/v1/groups/emea/", {"auto_pause_after_misses": 3}, format="json")
+    _miss(api, "emea")
+    assert Membership.objects.get(pk=member.pk).consecutive_misses == 1
+
+
 def _miss(api, group_slug: str) -> None:
     lead = post(api, group=group_slug)
     Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
