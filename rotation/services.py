@@ -146,11 +146,11 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
     group.full_clean()
     group.save()
     RotationState.objects.get_or_create(group=group)
-    if "auto_pause_after_misses" in change.fields and group.auto_pause_after_misses and not change.created:
-        if not change.before.get("auto_pause_after_misses"):
-            # Turned on: misses count from now. Those made while it was off would pause a member
-            # at its next miss, past a threshold no one had set.
-            Membership.objects.filter(group=group, consecutive_misses__gt=0).update(consecutive_misses=0)
+    turned_on = group.auto_pause_after_misses and not change.before.get("auto_pause_after_misses")
+    if "auto_pause_after_misses" in change.fields and turned_on and not change.created:
+        # Misses count from now. Those made while it was off would pause a member at its next
+        # miss, past a threshold no one had set.
+        Membership.objects.filter(group=group, consecutive_misses__gt=0).update(consecutive_misses=0)
     # Leads kept in the queue for their account's owner may go to the rotation now.
     to_rotation = "owner_match_fallback_to_rotation" in change.fields and group.owner_match_fallback_to_rotation
     if group.active and (change.created or to_rotation or GROUP_FREES_CAPACITY.intersection(change.fields)):
