@@ -82,6 +82,9 @@ def validate_working_hours(value: Any) -> dict[str, list[list[str]]] | None:
                 raise ValueError(f"{day}: a span must end after it starts ({span[0]}-{span[1]}).{hint}")
             out.append([_padded(span[0]), _padded(span[1])])  # "9:00" is stored as "09:00"
         cleaned[day] = out
+    if not any(cleaned.values()):
+        # As an empty object: a rep who never takes a lead, which deactivating says plainly.
+        raise ValueError('No day has hours: use null for "always", or give the days\' hours.')
     return cleaned
 
 

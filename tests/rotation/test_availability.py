@@ -234,6 +234,18 @@ def test_working_hours_with_no_day_listed_are_a_400_not_always(api, make_group):
     assert Rep.objects.get(pk=rep.pk).working_hours is None
 
 
+@pytest.mark.parametrize("hours", [{"mon": []}, {"mon": [], "sat": []}])
+def test_working_hours_listing_days_without_any_hours_are_a_400(api, make_group, hours):
+    """A rep who never takes a lead: deactivating says that plainly. A day off beside days
+    with hours is fine."""
+    _, (rep,) = make_group(1, slug="pool")
+    r = api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": hours}, format="json")
+    assert r.status_code == 400
+    assert r.json() == {"working_hours": ['No day has hours: use null for "always", or give the days\' hours.']}
+    ok = {"mon": [["09:00", "17:00"]], "sat": []}
+    assert api.patch(f"/api/v1/reps/{rep.id}/", {"working_hours": ok}, format="json").status_code == 200
+
+
 def test_working_hours_stored_as_an_empty_object_become_null_and_the_rep_stays_editable(api, make_group):
     from importlib import import_module
 
