@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.models import Count, OuterRef, Subquery
 
@@ -109,7 +110,7 @@ def _lock_rotation(qs: Any, group_id: int) -> RotationState:
     if connection.vendor == "postgresql":  # the same statement without the ORM's compile cost
         fetched = routing_sql.rotation_lock_fetch(group_id)
         if fetched is None:
-            RotationState.objects.get_or_create(group_id=group_id)
+            _rotation_row_made(group_id)
             fetched = routing_sql.rotation_lock_fetch(group_id)
         if fetched is None:
             raise RotationState.DoesNotExist(f"no rotation state for group {group_id}")
@@ -118,9 +119,18 @@ def _lock_rotation(qs: Any, group_id: int) -> RotationState:
         try:
             state = qs.get(group_id=group_id)
         except RotationState.DoesNotExist:
-            RotationState.objects.get_or_create(group_id=group_id)
+            _rotation_row_made(group_id)
             state = qs.get(group_id=group_id)
     return state
+
+
+def _rotation_row_made(group_id: int) -> None:
+    """A group's missing rotation row, made. A group deleted since the request named it (its
+    rotation row went with it, under the lock this request waited on) is the client's `group`
+    gone: a 400 naming the field, as for a slug naming no group, and nothing written."""
+    if not Group.objects.filter(pk=group_id).exists():
+        raise ValidationError({"group": ["The group was deleted while this lead was being taken in."]})
+    RotationState.objects.get_or_create(group_id=group_id)
 
 
 def lock_rotations_read(

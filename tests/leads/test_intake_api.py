@@ -705,3 +705,47 @@ def test_a_routing_setting_that_would_hang_or_skip_intake_is_refused_at_start(na
     )
     assert done.returncode != 0
     assert message in done.stderr
+
+
+def test_a_lead_posted_to_a_group_deleted_meanwhile_is_a_400_naming_the_group(api, make_group, monkeypatch):
+    """The slug was a group's when the request read it; the group (and its rotation row) was
+    deleted before the request took the lock: a 400 on `group`, as for a slug naming no
+    group, not a 404 about an internal rotation row, and nothing written."""
+    from leads import services
+    from rotation.models import Group
+
+    make_group(1, slug="going")
+    resolve = services.lead_resolve_group
+
+    def resolve_then_lose(**kwargs):
+        resolution = resolve(**kwargs)
+        Group.objects.filter(slug="going").delete()  # another request's delete, committed first
+        return resolution
+
+    monkeypatch.setattr(services, "lead_resolve_group", resolve_then_lose)
+    r = api.post("/api/v1/leads/", lead_body(group="going"), format="json", headers={"Idempotency-Key": "k-going"})
+    assert r.status_code == 400, r.content
+    # Met under the lock, or (when the process's configuration snapshot was confirmed first)
+    # answered again under the new configuration, where the slug names no group.
+    assert r.json()["group"][0] in (
+        "The group was deleted while this lead was being taken in.",
+        "No group with slug 'going'.",
+    )
+    assert set(r.json()) == {"group"}
+    assert not Lead.objects.exists() and not AuditEvent.objects.filter(type__startswith="lead.").exists()
+    monkeypatch.setattr(services, "lead_resolve_group", resolve)
+    again = api.post("/api/v1/leads/", lead_body(group="going"), format="json", headers={"Idempotency-Key": "k-going"})
+    assert again.status_code == 400 and "going" in again.json()["group"][0]  # the key was not used up
+
+
+def test_the_rotation_lock_of_a_deleted_group_names_the_group(make_group):
+    from django.core.exceptions import ValidationError
+
+    from leads import routing
+    from rotation.models import Group
+
+    group, _ = make_group(1, slug="going")
+    Group.objects.filter(pk=group.pk).delete()
+    with pytest.raises(ValidationError) as refused:
+        routing.lock_rotation(group.pk)
+    assert refused.value.message_dict == {"group": ["The group was deleted while this lead was being taken in."]}
