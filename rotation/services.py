@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.db import connection, transaction
 from django.db.models import PROTECT, Max, Model, ProtectedError, Q
 
@@ -90,7 +90,7 @@ def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
     if stored is None:
         # Deleted by another request since it was read: saved, it would come back (Django
         # inserts a row its update did not find), without its members or its trail.
-        raise type(obj).DoesNotExist(f"{obj._meta.verbose_name} {obj.pk} was deleted by another request.")  # type: ignore[attr-defined]
+        raise _gone(obj)
     fields = [name for name in names if stored[name] != getattr(obj, name, None)]
     return _Change(False, fields, {name: _plain(stored[name]) for name in fields})
 
@@ -278,13 +278,25 @@ def _rotation_row_locked(group_id: int) -> RotationState | None:
     return RotationState.objects.select_for_update(no_key=True).filter(group_id=group_id).first()
 
 
-def _still_there(obj: Group | Rep | Membership | Absence | RoutingRule) -> None:
-    """Locks the row about to be deleted, and raises its model's DoesNotExist when another
-    request deleted it first: of two deletes at once, one deletes (and is audited), the other
-    finds nothing to delete (a 404 in the API), rather than both saying they did."""
-    model = type(obj)
-    if not model.objects.select_for_update().filter(pk=obj.pk).values_list("pk", flat=True):
-        raise model.DoesNotExist(f"{model._meta.verbose_name} {obj.pk} was deleted by another request.")
+_M = TypeVar("_M", bound=Model)
+
+
+def _gone(obj: Model) -> ObjectDoesNotExist:
+    """The model's DoesNotExist for `obj`, deleted by another request since it was read."""
+    does_not_exist: type[ObjectDoesNotExist] = type(obj).DoesNotExist  # type: ignore[attr-defined]
+    return does_not_exist(f"{obj._meta.verbose_name} {obj.pk} was deleted by another request.")
+
+
+def _still_there(obj: _M) -> _M:
+    """Locks the row about to be deleted and returns it as stored, or raises its model's
+    DoesNotExist when another request deleted it first: of two deletes at once, one deletes
+    (and is audited), the other finds nothing to delete (a 404 in the API), rather than both
+    saying they did. Its row alone: the model's ordering (a member's by group) would join,
+    and lock, the rows it names."""
+    stored = type(obj)._base_manager.select_for_update(of=("self",)).filter(pk=obj.pk).order_by().first()
+    if stored is None:
+        raise _gone(obj)
+    return stored
 
 
 def next_position(group: Group, *, moved: Membership | None = None) -> int:
@@ -392,9 +404,8 @@ def membership_remove(*, membership: Membership, actor: str) -> None:
     Its own place on the weighted clock goes with it (under the rotation lock): routing drops
     it at the next lead anyway, but a rep added back before that would have found it."""
     state = _rotation_row_locked(membership.group_id)
-    _still_there(membership)
     # The row as stored (an admin form may hold edits; escalation may have paused it).
-    removed = (membership.group.slug, Membership.objects.get(pk=membership.pk))
+    removed = (membership.group.slug, _still_there(membership))
     # Its next turn and the weight that turn was laid out for: a weight left behind would read,
     # to a rep added back with another one, as a change of weights (everyone placed again).
     own = {str(membership.rep_id), f"{WEIGHT_KEY}{membership.rep_id}"}

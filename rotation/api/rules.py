@@ -11,7 +11,6 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -135,10 +134,8 @@ class RuleViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
         services.rule_save(rule=rule, actor=actor_of(self.request), changed=list(serializer.validated_data))
 
     def perform_destroy(self, instance: RoutingRule) -> None:
-        try:
-            services.rule_delete(rule=instance, actor=actor_of(self.request))
-        except RoutingRule.DoesNotExist as exc:  # deleted by another request meanwhile
-            raise NotFound(str(exc)) from None
+        # Deleted by another request meanwhile: a 404 (routing_project/exceptions.py).
+        services.rule_delete(rule=instance, actor=actor_of(self.request))
 
 
 class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
@@ -197,8 +194,6 @@ class AbsenceViewSet(
         )
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        try:
-            services.absence_remove(absence=self.get_object(), actor=actor_of(request))
-        except Absence.DoesNotExist as exc:  # deleted by another request meanwhile
-            raise NotFound(str(exc)) from None
+        # Deleted by another request meanwhile: a 404 (routing_project/exceptions.py).
+        services.absence_remove(absence=self.get_object(), actor=actor_of(request))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -73,8 +73,6 @@ class GroupViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
             raise Conflict(f"The group has {kept}; deactivate it instead (active: false).") from None
         except ProtectedError:
             raise Conflict("The group has leads or rules; deactivate it instead (active: false).") from None
-        except Group.DoesNotExist as exc:  # deleted by another request meanwhile
-            raise NotFound(str(exc)) from None
 
 
 @extend_schema_view(
@@ -171,10 +169,8 @@ class MembershipViewSet(
             raise NotFound(str(exc)) from None
 
     def perform_destroy(self, instance: Membership) -> None:
-        try:
-            services.membership_remove(membership=instance, actor=actor_of(self.request))
-        except Membership.DoesNotExist as exc:  # removed by another request meanwhile
-            raise NotFound(str(exc)) from None
+        # Removed by another request meanwhile: a 404 (routing_project/exceptions.py).
+        services.membership_remove(membership=instance, actor=actor_of(self.request))
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         self.perform_destroy(self.get_object())
