@@ -44,7 +44,10 @@ workers = _whole_number("WEB_WORKERS", multiprocessing.cpu_count(), 1)
 threads = _whole_number("WEB_THREADS", 8, 1)
 worker_class = "routing_project.web_worker.BalancedThreadWorker"  # gthread, see its docstring
 timeout = _whole_number("WEB_TIMEOUT", 30, 0)  # 0: gunicorn's "no timeout"
-keepalive = 5
+# Seconds an idle keep-alive connection stays open. Behind a load balancer that reuses its
+# connections, keep it above the balancer's idle timeout: else gunicorn may close a connection
+# as the balancer sends on it, and that request is a 502.
+keepalive = _whole_number("WEB_KEEPALIVE", 5, 1)
 max_requests = _whole_number("WEB_MAX_REQUESTS", 100000, 0)  # see the README (web server); 0: never
 max_requests_jitter = max_requests // 10
 accesslog = os.environ.get("WEB_ACCESS_LOG", None)
@@ -70,8 +73,12 @@ def _logconfig() -> dict[str, Any]:
     a header, unredacted."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "routing_project.settings.local")  # as wsgi.py
     from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
 
-    config = copy.deepcopy(settings.LOGGING)
+    try:
+        config = copy.deepcopy(settings.LOGGING)
+    except ImproperlyConfigured as exc:  # a setting that cannot work: one line naming it
+        sys.exit(f"Configuration error: {exc}")
     own = {"handlers": ["console"], "level": "INFO", "propagate": False}
     access = dict(own)
     if accesslog:  # WEB_ACCESS_LOG: gunicorn's access lines to a file ("-": stdout), redacted too

@@ -47,6 +47,61 @@ class _Env(environ.Env):
 env = _Env()
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
+
+def _require(ok: bool, name: str, value: Any, want: str) -> None:
+    """Stops the start naming the setting when its value cannot work: each of these was taken
+    without a word and showed only as a symptom (every request a 429, every delivery a
+    failure, timers delivered twice)."""
+    if not ok:
+        raise ImproperlyConfigured(f"{name} is {value}: give {want}.")
+
+
+_DATABASE_SCHEMES = ("postgres", "postgresql", "pgsql", "postgis", "sqlite")
+
+
+def _database_url(name: str, default: str) -> dict[str, Any]:
+    """env.db, refusing a URL of no database it knows by name: django-environ's own error is a
+    KeyError 'ENGINE' (a URL with no scheme) or Django's "isn't an available database backend"
+    (the Redis URL given here), both as tracebacks naming no setting."""
+    raw = env.str(name, default=default)
+    scheme = raw.partition("://")[0].lower() if "://" in raw else ""
+    if scheme not in _DATABASE_SCHEMES:
+        # Not the value itself: it may hold a password.
+        raise ImproperlyConfigured(
+            f"{name} is not a postgres:// or sqlite:// URL: give one (postgres://user@host:5432/name)."
+        )
+    return env.db_url_config(raw)
+
+
+def _redis_url(name: str, url: str) -> None:
+    """A Redis URL that redis-py and kombu can use: scheme, port and database number. A port or
+    database that is not a number passed a check of the scheme alone, then every rate-limited
+    request was a 500 (the client is made on first use) or the worker stopped at its start,
+    while /readyz said ok."""
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        # Else the server starts and every publish fails (no SLA timer, no queue drain from the
+        # web), the rate limits fail open and /readyz says "degraded", for a typo.
+        # Not the value itself: it may hold a password.
+        raise ImproperlyConfigured(
+            f"{name} is not a redis://, rediss:// or unix:// URL: give one (redis://host:6379/0)."
+        )
+    from urllib.parse import parse_qs, urlsplit
+
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - raises ValueError when it is not a port number
+        # redis-py reads a database that is not a number as 0, kombu refuses it: the web and the
+        # worker would part ways.
+        db = parse_qs(parts.query).get("db", [parts.path.strip("/") if parts.scheme != "unix" else ""])[0]
+        ok = db == "" or db.isascii() and db.isdigit()
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ImproperlyConfigured(
+            f"{name} has a port or database number that is not a whole number: give one (redis://host:6379/0)."
+        )
+
+
 SECRET_KEY = env("SECRET_KEY", default="dev-insecure-key-change-me")
 DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
@@ -110,7 +165,7 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------------------------
 EMBEDDED_DATABASE_URL = f"sqlite:///{VAR_DIR / 'db.sqlite3'}"
-DATABASES = {"default": env.db("DATABASE_URL", default=EMBEDDED_DATABASE_URL)}
+DATABASES = {"default": _database_url("DATABASE_URL", EMBEDDED_DATABASE_URL)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's backend, with a pool check that costs no round trip (routing_project/postgresql).
     DATABASES["default"]["ENGINE"] = "routing_project.postgresql"
@@ -121,10 +176,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # rewrite, so the write lock is held briefly. SQLite hands that lock to no waiter in
     # order: the wait is long (under gunicorn's 30 s timeout) so that a burst of intake
     # waits its turn rather than failing as "busy".
+    _busy_timeout = env.float("SQLITE_BUSY_TIMEOUT", default=20.0)
+    _require(_busy_timeout > 0, "SQLITE_BUSY_TIMEOUT", _busy_timeout, "a number of seconds above 0")
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             "transaction_mode": "IMMEDIATE",
-            "timeout": env.float("SQLITE_BUSY_TIMEOUT", default=20.0),
+            "timeout": _busy_timeout,
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
@@ -148,8 +205,14 @@ elif env.bool("DB_POOL", default=False):
         "max_size": _pool_max,
         "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
     }
+    _pool_timeout = DATABASES["default"]["OPTIONS"]["pool"]["timeout"]
+    # 0 or less: a request finding every connection borrowed fails at once, a 503 under any load.
+    _require(_pool_timeout > 0, "DB_POOL_TIMEOUT", _pool_timeout, "a number of seconds above 0")
 else:
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+    _require(
+        DATABASES["default"]["CONN_MAX_AGE"] >= 0, "CONN_MAX_AGE", DATABASES["default"]["CONN_MAX_AGE"], "0 or more (s)"
+    )
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -186,12 +249,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
 
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = env("REDIS_URL", default="")
-if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
-    # Else the server starts and every publish fails (no SLA timer, no queue drain from the
-    # web), the rate limits fail open and /readyz says "degraded", for a typo.
-    # Not the value itself: it may hold a password.
-    raise ImproperlyConfigured("REDIS_URL is not a redis://, rediss:// or unix:// URL: give one (redis://host:6379/0).")
+if REDIS_URL:
+    _redis_url("REDIS_URL", REDIS_URL)
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://localhost/")
+if CELERY_BROKER_URL != REDIS_URL and CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    _redis_url("CELERY_BROKER_URL", CELERY_BROKER_URL)
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
@@ -509,3 +571,52 @@ LOGGING: dict[str, Any] = {
 # The embedded SQLite default serializes all writers, so the deferred position constraint
 # (PostgreSQL) has nothing to add there.
 SILENCED_SYSTEM_CHECKS = ["models.W038"]
+
+# --- Numbers that cannot work ------------------------------------------------------------------
+# Each stops the start naming the setting: taken as they were, they showed only as symptoms.
+_require(INTAKE_BATCH_MAX >= 1, "INTAKE_BATCH_MAX", INTAKE_BATCH_MAX, "at least 1 (1 routes each lead alone)")
+_require(API_RATE_LIMIT_PER_MINUTE >= 1, "API_RATE_LIMIT_PER_MINUTE", API_RATE_LIMIT_PER_MINUTE, "at least 1")
+for _name in ("HOOK_SIGNATURE_FAILURES_PER_ADDRESS", "LOGIN_FAILURES_PER_USER", "LOGIN_FAILURES_PER_ADDRESS"):
+    # 0 or less: every signed post, every login refused with a 429.
+    _require(globals()[_name] >= 1, _name, globals()[_name], "at least 1")
+for _name in ("ESCALATION_ARM_MAX", "ESCALATION_SWEEP_BATCH", "QUEUE_DRAIN_BATCH", "NOTIFY_MAX_ATTEMPTS"):
+    # 0 or less: the sweeps and drains would do nothing, a notification never be tried.
+    _require(globals()[_name] >= 1, _name, globals()[_name], "at least 1")
+for _name in (
+    "QUEUE_DRAIN_INLINE",
+    "ESCALATION_ARM_OVERLAP_S",
+    "ABSENCE_END_DRAIN_DELAY_S",
+    "BROKER_PUBLISH_BACKOFF_S",
+):
+    _require(globals()[_name] >= 0, _name, globals()[_name], "0 or more")
+for _name in (
+    "ESCALATION_TIMER_HORIZON_S",
+    "NOTIFY_TIMER_HORIZON_S",
+    "NOTIFY_BACKOFF_BASE_S",
+    "NOTIFY_WEBHOOK_TIMEOUT_S",  # 0: every delivery times out at once; below: refused by the socket
+    "ACCEPT_LINK_MAX_AGE_S",
+    "EMAIL_TIMEOUT",
+    "NOTIFY_RETENTION_DAYS",
+):
+    _require(globals()[_name] > 0, _name, globals()[_name], "a number above 0")
+_require(NOTIFY_SWEEP_GRACE_S >= 0, "NOTIFY_SWEEP_GRACE_S", NOTIFY_SWEEP_GRACE_S, "0 or more (s)")
+_require(
+    NOTIFY_BACKOFF_MAX_S >= NOTIFY_BACKOFF_BASE_S,
+    "NOTIFY_BACKOFF_MAX_S",
+    NOTIFY_BACKOFF_MAX_S,
+    f"at least NOTIFY_BACKOFF_BASE_S ({NOTIFY_BACKOFF_BASE_S})",
+)
+_require(0 < EMAIL_PORT < 65536, "EMAIL_PORT", EMAIL_PORT, "a port number (1 to 65535)")
+if "visibility_timeout" in CELERY_BROKER_TRANSPORT_OPTIONS:
+    # A timer is published up to a horizon ahead and acknowledged once it has run; Redis hands
+    # a message not acknowledged within the visibility timeout to a worker again (SPEC 5's
+    # trap). Twice the longer horizon leaves the task time to run.
+    _horizon = max(ESCALATION_TIMER_HORIZON_S, NOTIFY_TIMER_HORIZON_S)
+    _visibility = CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
+    _require(
+        _visibility >= 2 * _horizon,
+        "CELERY_VISIBILITY_TIMEOUT_S",
+        _visibility,
+        "at least twice the longer timer horizon (ESCALATION_TIMER_HORIZON_S, NOTIFY_TIMER_HORIZON_S): "
+        f"{2 * _horizon:g} s",
+    )

@@ -20,3 +20,6 @@ SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 LOGGING["handlers"]["console"]["formatter"] = log_format("json")
+# E-mails to reps go out over SMTP (EMAIL_HOST ...): the development default, a file per e-mail
+# on the machine, would mark every e-mail sent while it stayed inside a container.
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")

@@ -240,3 +240,12 @@ def test_compose_web_healthcheck_names_an_allowed_host(operator_hosts):
     assert validate_host(split_domain_port(urlsplit(url).netloc)[0], allowed), (url, allowed)
     if operator_hosts:
         assert set(operator_hosts.split(",")) <= set(allowed)  # the operator's hosts are kept
+
+
+def test_compose_names_the_public_address_and_the_mail_server():
+    # Without them, the accept links in rep e-mails pointed at 127.0.0.1:8000 and e-mails went
+    # to a file inside the container.
+    environment = yaml.safe_load(COMPOSE.read_text())["x-app"]["environment"]
+    for name in ("PUBLIC_BASE_URL", "EMAIL_HOST", "EMAIL_PORT", "DEFAULT_FROM_EMAIL"):
+        assert name in environment, name
+    assert environment["PUBLIC_BASE_URL"].startswith("${PUBLIC_BASE_URL:-")

@@ -125,7 +125,7 @@ def test_without_an_access_log_gunicorn_writes_no_access_lines_of_its_own(tmp_pa
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("WEB_WORKERS", "0"), ("WEB_WORKERS", "two"), ("WEB_THREADS", "0"), ("WEB_TIMEOUT", "-1")],
+    [("WEB_WORKERS", "0"), ("WEB_WORKERS", "two"), ("WEB_THREADS", "0"), ("WEB_TIMEOUT", "-1"), ("WEB_KEEPALIVE", "0")],
 )
 def test_a_web_setting_out_of_range_stops_the_start_by_name(name, value):
     # WEB_WORKERS=0 started a master that listened with no worker to answer (clients hung);
