@@ -1326,6 +1326,8 @@ def _drain_one(group_id: int, cursor: list[int], actor: str, because: str) -> st
         owner=ownership.account_owner_lookup(email=lead.email), group=group, state=state, now=now, exclude=had
     )
     if decision.rep_id is None:
+        if had and not decision.queue_reason:
+            _requeue_reason(lead, group)
         if had or decision.queue_reason:
             # Only reps who already had this lead are free, or it waits for its account's
             # owner: later leads may still go.
@@ -1354,6 +1356,21 @@ def _drain_one(group_id: int, cursor: list[int], actor: str, because: str) -> st
         events=[Event(AuditEvent.Type.LEAD_ASSIGNED, actor, lead.id, group.slug, decision.rep_id, explanation)]
     )
     return "assigned"
+
+
+def _requeue_reason(lead: Lead, group: Group) -> None:
+    """A queued lead the drain looked at and stepped over (only reps who had it are free): a
+    reason that no longer holds, its group's `max_attempts` reached (raised since) or its group
+    inactive (active again), is replaced by the one that does, so that a manager working the
+    queue reads why the lead still waits. Other reasons (a rule's, a manager's) are kept."""
+    stale = "max_attempts (" in lead.queue_reason or lead.queue_reason.endswith(f"group '{group.slug}' is inactive")
+    if not stale:
+        return
+    missed = "SLA missed; " if lead.queue_reason.startswith("SLA missed") else ""
+    reason = f"{missed}no eligible rep in '{group.slug}' who has not had this lead"
+    if reason != lead.queue_reason:
+        lead.queue_reason = reason
+        lead.save(update_fields=["queue_reason"])  # the row is locked (select_for_update above)
 
 
 QUEUE_SWEEP_BECAUSE = "periodic sweep of the fallback queues (capacity freed by time alone, or a drain missed)"

@@ -189,8 +189,8 @@ def member_facts(
 ) -> list[MemberFacts]:
     """Reads every member's state now. Called after the rotation lock by routing. `rows`: the
     group's routing_sql.member_rows, when the caller read several groups' at once."""
-    # One statement for members, reps and the absence covering now (the one ending last): this
-    # runs under the rotation lock, so every round trip saved shortens the lock.
+    # One statement for members, reps and the time away covering now: this runs under the
+    # rotation lock, so every round trip saved shortens the lock.
     memberships: list[Any]
     if rows is not None:
         memberships = rows
@@ -214,6 +214,8 @@ def member_facts(
         member: Any = row  # a Membership annotated with away_*, or a routing_sql.MemberRow
         if member.away_until is not None:
             absences[member.rep_id] = [(member.away_from, member.away_until)]
+    if absences and connection.vendor != "postgresql":
+        absences = _through_follow_ons(absences, now)  # PostgreSQL's statement does it itself
     need_open = with_counts or group.strategy == "least_loaded" or any(m.max_open is not None for m in memberships)
     need_today = with_counts or any(m.max_per_day is not None for m in memberships)
     open_counts: dict[int, int] = {}
@@ -252,6 +254,27 @@ def member_facts(
         )
         for m in memberships
     ]
+
+
+def _through_follow_ons(
+    absences: dict[int, list[tuple[datetime, datetime]]], now: datetime
+) -> dict[int, list[tuple[datetime, datetime]]]:
+    """Each rep's time away covering now carried on through the absences that follow on
+    without a gap (a day off, then a week's holiday), so that "out of office until" says when
+    the rep is back, as routing_sql's statement reads it on PostgreSQL."""
+    ahead: dict[int, list[tuple[datetime, datetime]]] = {}
+    for rep_id, starts, ends in Absence.objects.filter(rep_id__in=list(absences), ends_at__gt=now).values_list(
+        "rep_id", "starts_at", "ends_at"
+    ):
+        ahead.setdefault(rep_id, []).append((starts, ends))
+    out = {}
+    for rep_id, [(first, back)] in absences.items():
+        first = min([first, *(s for s, e in ahead.get(rep_id, []) if s <= now < e)])
+        for starts, ends in sorted(ahead.get(rep_id, [])):
+            if starts <= back:
+                back = max(back, ends)
+        out[rep_id] = [(first, back)]
+    return out
 
 
 @dataclass

@@ -155,15 +155,21 @@ def _members_statement() -> str:
         "SELECT m.group_id, m.rep_id, m.position, m.weight, m.active, m.max_open, m.max_per_day, "  # noqa: S608
         "m.paused_reason, r.name, r.email, r.active, r.timezone, r.working_hours, a.starts_at, a.ends_at "
         f"FROM {_qn(m)} m INNER JOIN {_qn(r)} r ON r.id = m.rep_id "
-        f"LEFT JOIN LATERAL (SELECT starts_at, ends_at FROM {_qn(a)} "
-        "WHERE rep_id = m.rep_id AND starts_at <= %s AND ends_at > %s ORDER BY ends_at DESC LIMIT 1) a ON true "
+        # The absences covering now, and on through those that follow on without a gap (a day
+        # off, then a week's holiday): the reason says when the rep is back. A rep away from
+        # nothing costs one probe of the index.
+        "LEFT JOIN LATERAL (WITH RECURSIVE chain(starts_at, ends_at) AS ("
+        f"SELECT starts_at, ends_at FROM {_qn(a)} WHERE rep_id = m.rep_id AND starts_at <= %s AND ends_at > %s "
+        f"UNION SELECT c.starts_at, x.ends_at FROM chain c JOIN {_qn(a)} x "
+        "ON x.rep_id = m.rep_id AND x.starts_at <= c.ends_at AND x.ends_at > c.ends_at"
+        ") SELECT min(starts_at) AS starts_at, max(ends_at) AS ends_at FROM chain) a ON true "
         "WHERE m.group_id = ANY(%s) ORDER BY m.group_id, m.position, m.rep_id"
     )
 
 
 def member_rows(group_id: int, now: datetime) -> list[MemberRow]:
-    """Members in rotation order with their rep and the absence covering now (the one ending
-    last), in one statement."""
+    """Members in rotation order with their rep and the time away covering now (from the
+    earliest absence covering now to the end of those that follow on), in one statement."""
     return member_rows_many([group_id], now).get(group_id, [])
 
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import datetime
 from typing import Any
 
 from django.db.models import Count
 from django.utils import timezone
 
-from rotation.eligibility import MemberFacts, eligibility
-from rotation.models import Absence, Group, RotationState
+from rotation.eligibility import eligibility
+from rotation.models import Group, RotationState
 from rotation.strategies import turn_weight
 
 from . import routing
@@ -38,7 +36,6 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
         .annotate(n=Count("id"))
         .values_list("rep_id", "n")
     )
-    facts = _back_when(facts, now)
     active_weight = sum(turn_weight(group.strategy, f.weight) for f in facts if f.member_active and f.rep_active) or 1
     week_total = sum(week.values())
     members = []
@@ -81,28 +78,3 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
         "next": next_rep if group.active else None,
         "members": members,
     }
-
-
-def _back_when(facts: list[MemberFacts], now: datetime) -> list[MemberFacts]:
-    """Routing reads only the absence covering now; a manager wants to know when the rep is
-    back: through absences that follow on without a gap (a day off, then a week's holiday)."""
-    away = [f.rep_id for f in facts if any(starts <= now < ends for starts, ends in f.absences)]
-    if not away:
-        return facts
-    ahead: dict[int, list[tuple[datetime, datetime]]] = {}
-    for rep_id, starts, ends in Absence.objects.filter(rep_id__in=away, ends_at__gt=now).values_list(
-        "rep_id", "starts_at", "ends_at"
-    ):
-        ahead.setdefault(rep_id, []).append((starts, ends))
-    out = []
-    for f in facts:
-        windows = sorted(ahead.get(f.rep_id, []))
-        first = min((s for s, e in windows if s <= now < e), default=None)  # None: deleted meanwhile
-        if f.rep_id in away and first is not None:
-            back = now
-            for starts, ends in windows:
-                if starts <= back:
-                    back = max(back, ends)
-            f = replace(f, absences=((first, back),))
-        out.append(f)
-    return out

@@ -695,3 +695,24 @@ def test_the_workers_drain_for_an_absence_that_runs_out_says_so(api, make_group,
     assert drained_because(waiting) == (
         f"back from out of office: rep {rep.id}'s absence {absence.pk} ended at {ends.isoformat()}"
     )
+
+
+@pytest.mark.django_db
+def test_a_queued_lead_stepped_over_after_max_attempts_is_raised_says_why_it_still_waits(api, make_group):
+    """Queued at max_attempts 1; raised to 2 with only the rep who had it free, the drain steps
+    over it: its reason was still "max_attempts (1) reached", which no longer held."""
+    group, (rep,) = make_group(1, slug="emea", sla_minutes="1", max_attempts=1)
+    _miss(api, "emea")
+    lead = Lead.objects.get()
+    assert "max_attempts (1) reached" in lead.queue_reason
+    assert api.patch("/api/v1/groups/emea/", {"max_attempts": 2}, format="json").status_code == 200
+    actions.queue_drain(group_id=group.id)
+    lead.refresh_from_db()
+    assert lead.status == "queued"
+    assert lead.queue_reason == "SLA missed; no eligible rep in 'emea' who has not had this lead"
+    assert api.get(f"/api/v1/leads/{lead.id}/").json()["queue_reason"] == lead.queue_reason
+    # A reason that still holds (or a manager's) is left as it is.
+    Lead.objects.filter(pk=lead.pk).update(queue_reason="parked by a manager")
+    actions.queue_drain(group_id=group.id)
+    lead.refresh_from_db()
+    assert lead.queue_reason == "parked by a manager"

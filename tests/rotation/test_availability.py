@@ -116,8 +116,30 @@ def test_the_rotation_view_says_when_a_rep_is_back_through_absences_that_follow_
     Absence.objects.create(rep=a, starts_at=now + timedelta(hours=2), ends_at=now + timedelta(hours=3))
     members = {m["rep"]["id"]: m for m in api.get("/api/v1/groups/pool/rotation/").json()["members"]}
     back = now + timedelta(hours=8 + 24 * 7)
-    assert members[b.id]["reason"] == f"out of office until {back.isoformat()}"
+    reason = f"out of office until {back.isoformat()}"
+    assert members[b.id]["reason"] == reason
     assert members[a.id]["eligible"] is True  # an absence ahead is not an absence now
+    # What-if and intake (its audit event) say the same: they read the time away under the
+    # rotation lock, in one statement, and said the end of the day off.
+    simulated = api.post("/api/v1/routing/simulate/", lead_body(group="pool"), format="json").json()
+    assert {c["rep"]["id"]: c["reason"] for c in simulated["candidates"]}[b.id] == reason
+    lead = post(api, "pool")
+    assert lead["owner"]["id"] == a.id
+    assert candidates(lead["id"])[b.id]["reason"] == reason
+
+
+def test_overlapping_absences_read_as_one_time_away(api, make_group):
+    """Two absences covering now and one that starts inside the second: away from the earliest
+    start to the last end, in every reading."""
+    group, (a, b) = make_group(2, slug="pool")
+    now = timezone.now().replace(microsecond=0)
+    for starts, ends in ((-5, 2), (-1, 4), (3, 9)):
+        Absence.objects.create(rep=b, starts_at=now + timedelta(hours=starts), ends_at=now + timedelta(hours=ends))
+    reason = f"out of office until {(now + timedelta(hours=9)).isoformat()}"
+    members = {m["rep"]["id"]: m for m in api.get("/api/v1/groups/pool/rotation/").json()["members"]}
+    assert members[b.id]["reason"] == reason
+    lead = post(api, "pool")
+    assert candidates(lead["id"])[b.id]["reason"] == reason
 
 
 # --- caps --------------------------------------------------------------------------------------
