@@ -508,6 +508,11 @@ def _validate(
         # Blank cells past the header (trailing delimiters) carry nothing; a value there has no
         # column to go to.
         errors["row"] = [f"{len(cells)} cells for {len(columns)} columns."]
+    elif len(cells) < len(columns):
+        # A row cut short (a truncated file, a line broken in two) would be routed on the facts
+        # it lost, and its rest, if it had an external_id, skipped as already imported on the
+        # next upload. Spreadsheets and CSV writers write every cell, empty ones as ",,".
+        errors["row"] = [f"{len(cells)} cells for {len(columns)} columns: the row is cut short."]
     if any(_UNDECODED.search(c) for c in cells):
         # The bytes `csv_text` could not read as UTF-8 (kept as lone surrogates, never stored).
         errors["row"] = [*errors.get("row", []), "Not UTF-8 text: save the file as UTF-8 (CSV UTF-8)."]

@@ -138,6 +138,24 @@ def test_blank_cells_past_the_header_are_ignored_and_a_value_there_is_a_bad_row(
     assert sorted(Lead.objects.values_list("external_id", flat=True)) == ["p-1", "p-2"]
 
 
+def test_a_row_cut_short_is_a_bad_row(make_group):
+    """Fewer cells than the header's columns: a truncated file or a line broken in two. It
+    was imported with its missing cells empty, routed on facts it had lost."""
+    make_group(1, slug="emea")
+    text = io.StringIO(
+        "external_id,email,group,country\n"
+        "s-1,one@customer.example,emea,FR\n"
+        "s-2,two@customer.example\n"
+        "s-3,three@customer.example,emea,\n"
+    )
+    report = run(text)
+    assert (report.rows, report.imported, report.invalid) == (3, 2, 1)
+    assert [(e.line, e.errors) for e in report.errors] == [
+        (3, {"row": ["2 cells for 4 columns: the row is cut short."]})
+    ]
+    assert sorted(Lead.objects.values_list("external_id", flat=True)) == ["s-1", "s-3"]
+
+
 def test_the_validation_memo_keeps_short_values_only():
     # Repeated values (countries, sources) are validated once; a long cell is not kept, or a
     # file of distinct 100 KB cells made memory grow with the file (240 MB for 150 MB).
