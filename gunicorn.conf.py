@@ -36,7 +36,7 @@ def _whole_number(name: str, default: int, least: int) -> int:
     except ValueError:
         value = least - 1
     if value < least:
-        sys.exit(f"{name} is {raw!r}: give a whole number of at least {least}.")
+        sys.exit(f"Configuration error: {name} is {raw!r}: give a whole number of at least {least}.")
     return value
 
 
@@ -104,10 +104,13 @@ def on_starting(server):  # type: ignore[no-untyped-def]
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
-        sys.exit(f"PROMETHEUS_MULTIPROC_DIR is {directory!r}: it cannot be made a directory ({exc.strerror}).")
+        sys.exit(
+            f"Configuration error: PROMETHEUS_MULTIPROC_DIR is {directory!r}: "
+            f"it cannot be made a directory ({exc.strerror})."
+        )
     if not os.access(directory, os.W_OK | os.X_OK):
         # Else every worker fails to boot on its first sample, in a traceback naming no setting.
-        sys.exit(f"PROMETHEUS_MULTIPROC_DIR is {directory!r}: this user cannot write in it.")
+        sys.exit(f"Configuration error: PROMETHEUS_MULTIPROC_DIR is {directory!r}: this user cannot write in it.")
 
 
 def child_exit(server, worker):  # type: ignore[no-untyped-def]

@@ -171,5 +171,5 @@ def _assert_start_refused(name: str, value: str) -> None:
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"gunicorn kept running with {name}={value}: {exc.stderr!r}")
     assert done.returncode != 0
-    assert f"{name} is {value!r}" in done.stderr
+    assert f"Configuration error: {name} is {value!r}" in done.stderr
     assert "Traceback" not in done.stderr

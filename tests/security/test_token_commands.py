@@ -2,6 +2,7 @@
 runs and which replaces the demo token each time) are audited as the admin's are: creating
 or deleting a token writes a `client.changed` event naming who did it, never the token."""
 
+import re
 from io import StringIO
 
 import pytest
@@ -83,3 +84,17 @@ def test_create_api_token_trims_the_name():
     assert ApiClient.objects.get().name == "my-form"
     with pytest.raises(CommandError, match="exists already"):
         call_command("create_api_token", "my-form", "--scopes", "intake", stdout=StringIO())
+
+
+@pytest.mark.django_db
+def test_seed_demo_prints_a_curl_with_an_address_of_its_own_each_run():
+    # The data are kept from one `make run` to the next: the same address in the printed curl
+    # answered the second run's 200 as a duplicate, not the new lead it announced.
+    printed = []
+    for password in ("first-pw-123", "second-pw-123"):
+        out = StringIO()
+        call_command("seed_demo", "--admin-password", password, stdout=out)
+        (email,) = re.findall(r'"email": "([^"]+)"', out.getvalue())
+        printed.append(email)
+    assert printed[0] != printed[1]
+    assert all(e.endswith("@acme.example") for e in printed)

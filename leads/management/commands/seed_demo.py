@@ -103,8 +103,11 @@ class Command(BaseCommand):
         self.stdout.write(f"Token:  {token}  (scopes intake, read, manage)")
         self.stdout.write(f"Docs:   {base_url}/api/docs/")
         self.stdout.write("Post a lead:")
+        # An address of its own each run: the data are kept from one `make run` to the next,
+        # and the same address again is a duplicate of the open lead (200, not a new lead).
+        email = f"jane.{secrets.token_hex(3)}@acme.example"
         self.stdout.write(
             f"  curl -sS -X POST {base_url}/api/v1/leads/ -H 'Authorization: Bearer {token}' "
             "-H 'Content-Type: application/json' "
-            '-d \'{"email": "jane@acme.example", "first_name": "Jane", "company": "Acme", "country": "FR"}\''
+            f'-d \'{{"email": "{email}", "first_name": "Jane", "company": "Acme", "country": "FR"}}\''
         )
