@@ -914,20 +914,27 @@ def _still_queued(lead: Lead, only_queued: bool) -> None:
         raise LeadConflict(f"no longer in the queue (now {lead.status}: someone else acted on it first).")
 
 
+def _rep_or_rejected(rep: Rep | None, rep_id: int) -> Rep:
+    if rep is None:
+        raise ActionRejected({"rep": [f"No rep with id {rep_id}."]})
+    if not rep.active:
+        raise ActionRejected({"rep": [f"Rep {rep_id} is inactive."]})
+    return rep
+
+
 def lead_reassign(*, lead_id: int, rep_id: int, reason: str, actor: str, only_queued: bool = False) -> Lead:
     """A manager gives the lead to a rep by hand. The pointer does not move; the assignment
     counts toward the rep's daily count; a cap may be exceeded, and the audit says so.
     `only_queued`: refuse (LeadConflict) a lead that is no longer in the fallback queue."""
 
     def body() -> Lead:
-        # The rep's row first (before the rotation row and the lead's, as deleting a rep locks
-        # it and then its leads): a deactivation committing meanwhile is waited for and seen.
-        rep = Rep.objects.select_for_update(no_key=True).filter(pk=rep_id).first()
-        if rep is None:
-            raise ActionRejected({"rep": [f"No rep with id {rep_id}."]})
-        if not rep.active:
-            raise ActionRejected({"rep": [f"Rep {rep_id} is inactive."]})
+        # The rep as it is, to refuse a bad one before any lock; then, after the rotation row
+        # and the lead's (the one lock order: a rep's deletion takes its groups' rotation rows
+        # before the rep's, as routing takes a rotation row before the rep's foreign key), its
+        # row: a deactivation or deletion committing meanwhile is waited for and seen.
+        _rep_or_rejected(Rep.objects.filter(pk=rep_id).first(), rep_id)
         lead, state = _lock_lead_and_group(lead_id)
+        rep = _rep_or_rejected(Rep.objects.select_for_update(no_key=True).filter(pk=rep_id).first(), rep_id)
         _still_queued(lead, only_queued)
         if lead.status == LeadStatus.CLOSED:
             raise LeadConflict(f"Lead {lead_id} is closed.")
@@ -1267,8 +1274,10 @@ def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None
 def queue_drain_now(*, group_id: int, actor: str = "system:queue", because: str = "") -> bool:
     """The drain a change that freed capacity runs itself once committed, in its own request
     or task (scheduling.drain_publish): the manager who closes a lead, un-pauses a rep or
-    raises a cap gets the answer with the queued leads already routed, and a lead posted just
-    after cannot take the freed place before the leads that waited for it. Bounded
+    raises a cap gets the answer with the queued leads already routed, and a lead posted after
+    that answer cannot take the freed place before the leads that waited for it (one already
+    waiting for the group's rotation lock when the change committed may: the drain runs after
+    the commit, as SPEC 5 has it, and queues for the lock behind it). Bounded
     (`QUEUE_DRAIN_INLINE` leads routed, twice as many looked at), so that a change freeing a
     lot of capacity still answers promptly: True when the walk came to its end, False when
     the rest is left to the worker."""

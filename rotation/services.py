@@ -246,10 +246,20 @@ def rep_delete(*, rep: Rep, actor: str) -> None:
     ending with the removal."""
     rep_id = rep.pk
     set_lock_timeout()
+    # Its groups' rotation rows first, in group id order, as routing takes them, then the rep's
+    # row: routing that read the member before this commits would otherwise go on to give it a
+    # lead, whose foreign key then waits on the deleted row and fails (a 409 for a good lead).
+    # Membership removal takes the rotation row too (membership_remove).
+    groups = sorted(set(Membership.objects.filter(rep=rep).values_list("group_id", flat=True)))
+    for group_id in groups:
+        _rotation_row_locked(group_id)
     _still_there(rep)
     removed = [
         (m.group.slug, m) for m in Membership.objects.filter(rep=rep).select_related("group").order_by("group_id")
     ]
+    for _slug, m in removed:
+        if m.group_id not in groups:  # joined a group since the read above (rare): its row too
+            _rotation_row_locked(m.group_id)
     # Its accounts go with it (the foreign key cascades): their trails end here too.
     accounts = list(Account.objects.filter(owner=rep).order_by("domain").values_list("domain", flat=True))
     before = {"before": _values(rep, _field_names(rep))}

@@ -40,6 +40,7 @@ T = TypeVar("T")
 # Each kind of look-up keeps at most this many keys per version (account domains, tokens);
 # past it the kind starts over, so a flood of unknown domains cannot grow a process.
 MAX_KEYS = 50_000
+_MISSING = object()
 
 _VERSION_SQL = "SELECT version FROM rotation_configversion WHERE id = 1"
 
@@ -56,8 +57,10 @@ class Snapshot:
         if self.version is None:
             return loader()
         values = self._kinds.get(kind)
-        if values is not None and key in values:
-            return values[key]  # type: ignore[no-any-return]
+        # One look-up, not `in` then `[]`: another thread may empty the dict in between (MAX_KEYS).
+        cached = values.get(key, _MISSING) if values is not None else _MISSING
+        if cached is not _MISSING:
+            return cached  # type: ignore[return-value]
         value = loader()
         if value is None and not keep_none:
             return value

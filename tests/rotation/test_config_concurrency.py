@@ -11,6 +11,7 @@ import pytest
 from django.db import connection, transaction
 
 from audit.models import AuditEvent
+from leads.models import Lead
 from rotation import services
 from rotation.models import Group, Membership, RotationState
 from tests.conftest import lead_body
@@ -510,3 +511,49 @@ def test_groups_made_at_once_with_one_slug_in_different_cases_are_one_group():
     statuses = racing([make("Wave"), make("WAVE"), make("wAve")], hold)
     assert sorted(statuses) == [201, 409, 409]
     assert Group.objects.filter(slug__iexact="wave").count() == 1
+
+
+def test_a_rep_deleted_while_a_lead_is_routed_to_its_group_never_costs_the_lead():
+    """The deletion takes the rep's groups' rotation rows before the rep's: routing that would
+    have read the member before the deletion committed, and given it the lead, waits and routes
+    to the members left. It read the member, then its lead's foreign key waited on the deleted
+    rep and failed: a 409 for a good lead."""
+    group = GroupFactory(slug="leaving")
+    gone, stays = RepFactory(), RepFactory()
+    for rep in (gone, stays):
+        services.membership_add(group=group, rep=rep, actor="test")
+    client = http_client(api_client_with(["intake"])[1])
+    body = lead_body(group="leaving")
+
+    statuses = racing(
+        [lambda: client.post("/api/v1/leads/", body, content_type="application/json")],
+        lambda: services.rep_delete(rep=gone, actor="test"),  # `gone` is next in turn
+    )
+    assert statuses == [201]
+    (lead,) = Lead.objects.all()
+    assert lead.owner_id == stays.pk
+
+
+def test_a_reassign_to_a_rep_being_deleted_waits_and_is_refused_by_name():
+    """A reassign takes the rep's row after the rotation row and the lead's, as routing does:
+    against a deletion (rotation rows, then the rep's) neither waits on the other in a cycle."""
+    group = GroupFactory(slug="pool")
+    holder, target = RepFactory(), RepFactory()
+    services.membership_add(group=group, rep=holder, actor="test")
+    client = http_client(api_client_with(["intake", "manage"])[1])
+    lead = client.post("/api/v1/leads/", lead_body(group="pool"), content_type="application/json").json()
+    reassign = client.post  # the target is no member: its deletion takes no rotation row
+    target_id = target.pk  # the deletion empties target.pk
+
+    statuses = racing(
+        [
+            lambda: reassign(
+                f"/api/v1/leads/{lead['id']}/reassign/",
+                {"rep": target_id, "reason": "x"},
+                content_type="application/json",
+            )
+        ],
+        lambda: services.rep_delete(rep=target, actor="test"),
+    )
+    assert statuses == [400]
+    assert Lead.objects.get(pk=lead["id"]).owner_id == holder.pk
