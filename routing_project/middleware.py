@@ -161,6 +161,29 @@ class NoStoreMiddleware:
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
+# A refused body up to this size is read and dropped before the 413 goes out.
+DRAIN_REFUSED_BODY_BYTES = 1024 * 1024
+
+
+def _drain(request: HttpRequest, length: int) -> None:
+    """Reads and drops a refused body (up to DRAIN_REFUSED_BODY_BYTES): left unread, gunicorn
+    closed the keep-alive connection after the 413 it announced as kept alive, and a client's
+    next request on it (a pooled connection) failed. A larger body is left: the connection
+    ends, which costs less than reading it."""
+    if length > DRAIN_REFUSED_BODY_BYTES:
+        return
+    stream = request.META.get("wsgi.input")
+    remaining = length
+    try:
+        while stream is not None and remaining > 0:
+            chunk = stream.read(min(65536, remaining))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+    except OSError:
+        pass  # the client went away: nothing to keep alive
+
+
 class BodySizeLimitMiddleware:
     """413 for API bodies over the limit, before anything reads them; and a 400 (JSON under the
     API, plain text elsewhere) for a query string or a form body of more parameters than Django
@@ -185,6 +208,7 @@ class BodySizeLimitMiddleware:
             except ValueError:
                 return JsonResponse({"detail": "Invalid Content-Length header."}, status=400)
             if length > settings.MAX_REQUEST_BODY_BYTES:
+                _drain(request, length)
                 return JsonResponse(
                     {"detail": f"Request body is over {settings.MAX_REQUEST_BODY_BYTES} bytes."},
                     status=413,

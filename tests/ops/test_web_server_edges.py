@@ -35,6 +35,24 @@ def test_a_chunked_post_is_a_411_naming_the_content_length(tmp_path):
     assert "Content-Length" in json.loads(answer)["detail"]
 
 
+def test_a_413_keeps_the_keep_alive_connection_it_announces(tmp_path):
+    """The refused body was left unread and gunicorn closed the connection after a 413 that
+    said keep-alive: a pooled client's next request on it failed."""
+    with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        for size in (70_000, 900_000):
+            conn.request("POST", "/api/v1/leads/", body=b"x" * size, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 413
+            assert response.getheader("Connection") == "keep-alive"
+            conn.request("GET", "/healthz")  # the same connection
+            again = conn.getresponse()
+            again.read()
+            assert again.status == 200
+        conn.close()
+
+
 def test_head_probes_get_the_get_headers_and_no_body_and_no_warning(tmp_path):
     with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2") as server:
         answers = {}
