@@ -3,7 +3,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -20,9 +20,12 @@ from .admin_clients import ApiClientAdmin  # noqa: F401 - registers the API clie
 from .models import Assignment, Lead, LeadStatus, QueuedLead
 from .routing import RoutingBusy
 
+ASSIGNMENTS_SHOWN = 20  # a lead's page lists its latest attempts
+
 
 class AssignmentInline(admin.TabularInline):
     model = Assignment
+    verbose_name_plural = f"assignments (the latest {ASSIGNMENTS_SHOWN}; the audit trail has them all)"
     extra = 0
     can_delete = False
     fields = ("attempt", "rep", "reason", "started_at", "due_at", "accepted_at", "ended_at", "end_reason", "over_cap")
@@ -32,7 +35,16 @@ class AssignmentInline(admin.TabularInline):
         return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Assignment]:
-        return super().get_queryset(request).select_related("rep")
+        # The latest attempts only: a lead moved hundreds of times made a page of every one
+        # (400 rows, 870 KB, over a second); the audit trail, linked above, has them all.
+        later = (
+            Assignment.objects.filter(lead=OuterRef("lead"), attempt__gt=OuterRef("attempt"))
+            .values("lead")
+            .annotate(n=Count("id"))
+            .values("n")[:1]
+        )
+        recent = Q(later__isnull=True) | Q(later__lt=ASSIGNMENTS_SHOWN)
+        return super().get_queryset(request).alias(later=Subquery(later)).filter(recent).select_related("rep")
 
 
 # What a lead's page edits: the contact fields and the routing facts a manager may correct.

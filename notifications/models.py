@@ -115,6 +115,9 @@ class OutboxMessage(models.Model):
         indexes = [
             # The sweep's index: messages not yet fanned out.
             models.Index(fields=["id"], name="outbox_undispatched_idx", condition=Q(dispatched_at__isnull=True)),
+            # The admin's search of the outbox by lead (a lead's messages): a scan of the whole
+            # table without it, and the table holds NOTIFY_RETENTION_DAYS of every lead's events.
+            models.Index(fields=["lead_id"], name="outbox_lead_idx"),
         ]
 
     def __str__(self) -> str:

@@ -271,3 +271,34 @@ def test_a_big_list_offers_no_counts_per_filter_choice(api, make_group, manager,
     assert "_facets" not in page.content.decode()
     counted, queries = get(manager, url + "?_facets=True")
     assert not [q for q in queries if "FILTER (WHERE" in q.upper()], queries
+
+
+def test_a_lead_moved_many_times_shows_its_latest_attempts_only(api, make_group, manager):
+    """Every attempt of a lead moved hundreds of times made a page of 870 KB that took over a
+    second; the latest ones are shown, and the audit trail keeps them all."""
+    from leads.admin import ASSIGNMENTS_SHOWN
+    from leads.models import Assignment
+
+    group, reps = make_group(2, slug="many")
+    (lead_id,) = post_leads(api, "many", "moved@customer.example")
+    first = Assignment.objects.get(lead_id=lead_id)
+    now = timezone.now()
+    Assignment.objects.filter(pk=first.pk).update(ended_at=now, end_reason="reassigned")
+    Assignment.objects.bulk_create(
+        Assignment(
+            lead_id=lead_id,
+            rep=reps[n % 2],
+            group=group,
+            attempt=n,
+            reason="manual",
+            started_at=now,
+            ended_at=None if n == 30 else now,
+            end_reason="" if n == 30 else "reassigned",
+        )
+        for n in range(2, 31)
+    )
+    page, _queries = get(manager, f"/admin/leads/lead/{lead_id}/change/")
+    html = page.content.decode()
+    shown = re.findall(r'field-attempt">\s*<p>(\d+)</p>', html)
+    assert sorted(map(int, shown)) == list(range(31 - ASSIGNMENTS_SHOWN, 31))
+    assert f"the latest {ASSIGNMENTS_SHOWN}" in html
