@@ -224,21 +224,25 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
     # The episodes of every group, the panels' or not (and of no group): a lead that a reroute
     # moved from a panel's group into another group's queue, or into the queue with no group,
     # left the first group's queue where its next episode began.
-    episodes = (
-        AuditEvent.objects.filter(
-            type__in=[AuditEvent.Type.LEAD_QUEUED, AuditEvent.Type.LEAD_ESCALATED, AuditEvent.Type.LEAD_REROUTED],
-            rep_id__isnull=True,
-            at__lt=until,
-        )
-        # A lead still in the queue is looked for however long ago it entered it (else one
-        # stuck there for longer than the lookback would drop out of "queued now").
-        .filter(
-            Q(at__gte=since - QUEUE_LOOKBACK)
-            | Q(lead_id__in=Lead.objects.filter(status=LeadStatus.QUEUED).values("id"))
-        )
-        .annotate(assigned_at=Subquery(first_assignment), closed_at=Subquery(closed))
-        .values_list("group", "lead_id", "at", "assigned_at", "closed_at")
+    entries = AuditEvent.objects.filter(
+        type__in=[AuditEvent.Type.LEAD_QUEUED, AuditEvent.Type.LEAD_ESCALATED, AuditEvent.Type.LEAD_REROUTED],
+        rep_id__isnull=True,
+        at__lt=until,
     )
+    lookback = since - QUEUE_LOOKBACK
+    # A lead still in the queue is looked for however long ago it entered it (else one stuck
+    # there for longer than the lookback would drop out of "queued now"). Two reads, each by
+    # its own index (the time's, the lead's), put together: as one condition ("at >= ... or
+    # lead in the queue") PostgreSQL read the whole trail, most of a second at 200,000 leads.
+    recent = entries.filter(at__gte=lookback)
+    waiting = entries.filter(at__lt=lookback, lead_id__in=Lead.objects.filter(status=LeadStatus.QUEUED).values("id"))
+    episodes = [
+        row
+        for part in (recent, waiting)
+        for row in part.annotate(assigned_at=Subquery(first_assignment), closed_at=Subquery(closed)).values_list(
+            "group", "lead_id", "at", "assigned_at", "closed_at"
+        )
+    ]
     step = (until - since) / QUEUE_POINTS
     ticks = [since + step * (i + 1) for i in range(QUEUE_POINTS)]
     depth: dict[str, list[int]] = {slug: [0] * QUEUE_POINTS for slug in panels}

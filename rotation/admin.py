@@ -101,6 +101,8 @@ class MembershipForm(forms.ModelForm):
             # Nor a "+" beside it: a rep added there could not be picked in the fixed box.
             # (The pencil and the eye still open the rep's page.)
             self.fields["rep"].widget.can_add_related = False
+            # Shown from the row read with the member (MembershipInline.get_queryset).
+            self.fields["rep"].widget.widget.chosen = self.instance.rep
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -154,7 +156,8 @@ class MembershipInline(CheckedAutocompleteMixin, admin.TabularInline):
     ordering = ("position",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Membership]:
-        return super().get_queryset(request).select_related("rep")
+        # The row's title names its rep and group.
+        return super().get_queryset(request).select_related("rep", "group")
 
 
 class GroupForm(forms.ModelForm):

@@ -9,11 +9,12 @@ from the planner's statistics instead.
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from functools import cached_property
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.db import connections
 from django.db.models import QuerySet
 
@@ -24,9 +25,14 @@ EXACT_COUNT_UP_TO = 20_000
 class EstimatedCountPaginator(Paginator):
     """Counts exactly up to EXACT_COUNT_UP_TO rows; past that (PostgreSQL only), the page says
     "about N", from the planner's estimate: an exact `COUNT(*)` of hundreds of thousands of rows
-    costs more than the rest of the page. Page links past the true end show an empty page."""
+    costs more than the rest of the page. Page links past the true end show an empty page.
+
+    Where the estimate is low and the rows are many (a substring search, whose match the planner
+    guesses at a few hundred rows, found 150,000), the exact count stops after EXACT_COUNT_UP_TO
+    rows and the page says "more than" that: counting them all was most of a second."""
 
     estimated = False
+    at_least = False
 
     @cached_property
     def count(self) -> int:
@@ -35,9 +41,32 @@ class EstimatedCountPaginator(Paginator):
             return super().count
         estimate = _planner_rows(queryset)
         if estimate is None or estimate <= EXACT_COUNT_UP_TO:
-            return super().count
+            counted = queryset.order_by()[: EXACT_COUNT_UP_TO + 1].count()
+            if counted <= EXACT_COUNT_UP_TO:
+                return counted
+            self.at_least = True
+            return EXACT_COUNT_UP_TO
         self.estimated = True
         return estimate
+
+    @property
+    def count_prefix(self) -> str:
+        return "more than" if self.at_least else "about" if self.estimated else ""
+
+    def validate_number(self, number: Any) -> int:
+        if self.count and self.at_least:
+            # The rows go on past the counted ones: a later page is read, not refused.
+            with suppress(TypeError, ValueError):
+                if int(number) >= 1:
+                    return int(number)
+        return super().validate_number(number)
+
+    def page(self, number: Any) -> Page:
+        number = self.validate_number(number)
+        if not self.at_least:
+            return super().page(number)
+        bottom = (number - 1) * self.per_page
+        return Page(self.object_list[bottom : bottom + self.per_page], number, self)
 
 
 def _planner_rows(queryset: QuerySet[Any]) -> int | None:

@@ -172,6 +172,39 @@ def test_a_large_list_says_about_how_many_from_the_planner_and_counts_a_small_on
 
 
 @pytest.mark.postgres
+def test_a_search_the_planner_thinks_small_stops_counting_and_says_more_than(api, make_group, manager, monkeypatch):
+    """A substring search the planner guesses at a few rows was counted exactly however many
+    it found: 150,000 leads counted, most of a second, for a page of 100. Counting stops one
+    past the limit; the page says "more than", and pages past the counted ones still open."""
+    from routing_project import admin_lists
+
+    make_group(2, slug="emea")
+    post_leads(api, "emea", *(f"n{i}@wide.example" for i in range(7)), "x@narrow.example")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE leads_lead")
+    # The planner's estimate of the search is at or under the limit: counted, but only so far.
+    monkeypatch.setattr(admin_lists, "_planner_rows", lambda queryset: 1)
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_UP_TO", 4)
+    monkeypatch.setattr(LeadAdmin, "list_per_page", 2)
+    page, queries = get(manager, "/admin/leads/lead/?q=wide")
+    counts = [q for q in queries if "COUNT(" in q.upper()]
+    assert len(counts) == 1 and "LIMIT 5" in counts[0], counts
+    html = page.content.decode()
+    assert page.context["cl"].paginator.at_least and re.search(r"more than 4</span> leads", html)
+    assert "Select all (more than 4) leads" in html
+    # Past the counted rows (page 3 holds leads 5 and 6, page 4 the 7th): read, not refused.
+    emails = set()
+    for number in (1, 2, 3, 4):
+        listed = get(manager, f"/admin/leads/lead/?q=wide&p={number}")[0].context["cl"].result_list
+        emails |= {lead.email for lead in listed}
+    assert emails == {f"n{i}@wide.example" for i in range(7)}
+    assert get(manager, "/admin/leads/lead/?q=wide&p=9")[0].context["cl"].result_list.count() == 0
+    # A search that finds no more than the limit is counted exactly, as before.
+    page, _ = get(manager, "/admin/leads/lead/?q=narrow")
+    assert page.context["cl"].result_count == 1 and not page.context["cl"].paginator.count_prefix
+
+
+@pytest.mark.postgres
 @pytest.mark.parametrize(
     "url",
     [
