@@ -93,6 +93,15 @@ class Group(models.Model):
     def __str__(self) -> str:
         return self.slug
 
+    def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        adding = self._state.adding
+        super().save(*args, **kwargs)
+        if adding:
+            # Its rotation row with it, however the group is made (the services, a shell, a
+            # data migration): made later, by the first lead, a batch would take it after the
+            # rotation rows of higher groups, out of the lock order, and could deadlock.
+            RotationState.objects.get_or_create(group=self)
+
     def clean(self) -> None:
         # Integrations post leads to a slug and the audit trail is filed under it: "EMEA" beside
         # "emea" would be two territories no one tells apart. Checked when the group is made

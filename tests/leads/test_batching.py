@@ -12,7 +12,7 @@ from audit.models import AuditEvent
 from leads import batching, services
 from leads.models import Assignment, Lead
 from rotation import services as rotation_services
-from rotation.models import Membership, RotationState
+from rotation.models import Group, Membership, RotationState
 from routing_project import metrics
 from tests.conftest import lead_body
 from tests.factories import GroupFactory, RepFactory, api_client_with
@@ -382,3 +382,14 @@ def test_a_request_behind_another_waiter_gets_its_503_after_one_lock_timeout(mak
     assert (r.status_code, r["Retry-After"]) == (503, "1")
     assert elapsed < 1.3, elapsed  # not 1.5 s: 0.5 s behind the other waiter, then 1 s again
     assert not Lead.objects.exists()
+
+
+def test_a_group_made_outside_the_services_has_its_rotation_row_from_the_start():
+    """A group made in a shell or a data migration had no rotation row until its first lead
+    made one, after a batch had locked the rotation rows of higher groups: out of the lock
+    order, a deadlock with another batch. The group's save makes the row with the group."""
+    group = Group.objects.create(slug="shell-made", name="Shell made")
+    assert RotationState.objects.filter(group=group, pointer=0, turns=0).exists()
+    group.name = "Renamed"
+    group.save()  # an edit leaves the row as it is
+    assert RotationState.objects.filter(group=group).count() == 1
