@@ -32,7 +32,7 @@ def _an_id(value: str) -> bool:
 
 
 class GroupFilter(admin.SimpleListFilter):
-    """By group slug, deleted groups included. The choices are read through audit_group_idx,
+    """By group slug, deleted groups included. The choices are read through audit_group_id_idx,
     one probe per group, not by a `SELECT DISTINCT "group"` over the whole trail."""
 
     title = "group"

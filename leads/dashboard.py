@@ -16,7 +16,7 @@ from django.db import connection
 from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from audit.models import AuditEvent
+from audit.models import QUEUE_ENTRY, AuditEvent
 from rotation.models import Group, Membership, Strategy
 from rotation.strategies import turn_weight
 
@@ -224,11 +224,7 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
     # The episodes of every group, the panels' or not (and of no group): a lead that a reroute
     # moved from a panel's group into another group's queue, or into the queue with no group,
     # left the first group's queue where its next episode began.
-    entries = AuditEvent.objects.filter(
-        type__in=[AuditEvent.Type.LEAD_QUEUED, AuditEvent.Type.LEAD_ESCALATED, AuditEvent.Type.LEAD_REROUTED],
-        rep_id__isnull=True,
-        at__lt=until,
-    )
+    entries = AuditEvent.objects.filter(QUEUE_ENTRY, at__lt=until)
     lookback = since - QUEUE_LOOKBACK
     # A lead still in the queue is looked for however long ago it entered it (else one stuck
     # there for longer than the lookback would drop out of "queued now"). Two reads, each by
@@ -245,7 +241,6 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
     ]
     step = (until - since) / QUEUE_POINTS
     ticks = [since + step * (i + 1) for i in range(QUEUE_POINTS)]
-    depth: dict[str, list[int]] = {slug: [0] * QUEUE_POINTS for slug in panels}
     # One lead's episodes, in order: each ends, at the latest, where its next one begins (a
     # queued lead rerouted and queued again is one lead in the queue, not two).
     by_lead: dict[int | None, dict[datetime, tuple[str, datetime | None]]] = {}
@@ -261,24 +256,34 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
                 left = starts[n + 1]
             if slug not in panels or (left is not None and left <= since):
                 continue
-            counts = depth[slug]
-            for i, t in enumerate(ticks):
-                if entered <= t and (left is None or left > t):
-                    counts[i] += 1
             if entered <= now and (left is None or left > now):
                 panels[slug].queue_now += 1
             changes[slug].append((max(entered, since), 1))
             if left is not None and left < until:
                 changes[slug].append((left, -1))
-    for slug, counts in depth.items():
+    for slug in panels:
+        counts, peak = queue_levels(changes[slug], ticks)
         panels[slug].queue_points = list(zip(ticks, counts, strict=True))
         panels[slug].queue_since = since
-        # The peak at any instant of the period, not only at the chart's sampled points.
-        level = peak = 0
-        for _at, change in sorted(changes[slug]):  # at one instant, leaving (-1) before entering
-            level += change
-            peak = max(peak, level)
-        panels[slug].queue_max = max(peak, *counts)
+        panels[slug].queue_max = peak
+
+
+def queue_levels(changes: list[tuple[datetime, int]], points: list[datetime]) -> tuple[list[int], int]:
+    """The queue's depth at each point, and its peak at any instant, from its entries (+1) and
+    exits (-1). At a point, every change at or before it counts: a lead that left at that very
+    instant is no longer there. At one instant, leaving comes before entering (the peak is not
+    a lead counted twice as it moves). One sweep in time order: checking each episode against
+    each point was 20,000 queued leads times 48 points, a third of a second a page."""
+    counts = [0] * len(points)
+    level = peak = point = 0
+    for at, change in sorted(changes):
+        while point < len(points) and points[point] < at:
+            counts[point] = level
+            point += 1
+        level += change
+        peak = max(peak, level)
+    counts[point:] = [level] * (len(points) - point)
+    return counts, max(peak, *counts, 0)
 
 
 # --- charts: server-rendered SVG geometry (no JavaScript, no CDN) ----------------------------

@@ -20,12 +20,17 @@ from django.db.models import QuerySet
 
 # Below this many rows (by the planner's estimate) a page counts them exactly.
 EXACT_COUNT_UP_TO = 20_000
+# Past the count, pages open up to this one: further is past any table here, and its OFFSET
+# would overflow PostgreSQL's bigint (a server error) long before it found a row.
+LAST_OPEN_PAGE = 10_000_000
 
 
 class EstimatedCountPaginator(Paginator):
     """Counts exactly up to EXACT_COUNT_UP_TO rows; past that (PostgreSQL only), the page says
     "about N", from the planner's estimate: an exact `COUNT(*)` of hundreds of thousands of rows
-    costs more than the rest of the page. Page links past the true end show an empty page.
+    costs more than the rest of the page. Page links past the true end show an empty page, and
+    pages past the estimate still open (an estimate under the true count left the last pages
+    of 200,000 leads unreachable).
 
     Where the estimate is low and the rows are many (a substring search, whose match the planner
     guesses at a few hundred rows, found 150,000), the exact count stops after EXACT_COUNT_UP_TO
@@ -53,17 +58,21 @@ class EstimatedCountPaginator(Paginator):
     def count_prefix(self) -> str:
         return "more than" if self.at_least else "about" if self.estimated else ""
 
+    @property
+    def open_ended(self) -> bool:
+        """The rows may go on past `count`: a later page is read, not refused."""
+        return bool(self.count) and (self.at_least or self.estimated)
+
     def validate_number(self, number: Any) -> int:
-        if self.count and self.at_least:
-            # The rows go on past the counted ones: a later page is read, not refused.
+        if self.open_ended:
             with suppress(TypeError, ValueError):
-                if int(number) >= 1:
+                if 1 <= int(number) <= LAST_OPEN_PAGE:
                     return int(number)
         return super().validate_number(number)
 
     def page(self, number: Any) -> Page:
         number = self.validate_number(number)
-        if not self.at_least:
+        if not self.open_ended:
             return super().page(number)
         bottom = (number - 1) * self.per_page
         return Page(self.object_list[bottom : bottom + self.per_page], number, self)

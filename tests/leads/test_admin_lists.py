@@ -169,6 +169,20 @@ def test_a_large_list_says_about_how_many_from_the_planner_and_counts_a_small_on
     page, queries = get(manager, "/admin/leads/lead/")
     assert page.context["cl"].result_count == 6 and not page.context["cl"].paginator.estimated
     assert "about" not in page.content.decode()
+    # An estimate under the true count does not hide the last pages: past it, pages still open,
+    # and one absurdly far is refused as out of range, not a server error.
+    monkeypatch.setattr(admin_lists, "_planner_rows", lambda queryset: 20)
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_UP_TO", 10)
+    monkeypatch.setattr(LeadAdmin, "list_per_page", 2)
+    post_leads(api, "emea", *(f"m{i}@one.example" for i in range(20)))
+    listed = set()
+    for number in range(1, 15):  # 26 leads, 2 a page: 13 pages, the 14th empty
+        page, _ = get(manager, f"/admin/leads/lead/?p={number}")
+        assert page.context["cl"].paginator.estimated
+        listed |= {lead.email for lead in page.context["cl"].result_list}
+    assert len(listed) == 26 and not page.context["cl"].result_list
+    far = manager.get("/admin/leads/lead/?p=99999999999999999999999")
+    assert far.status_code == 302 and far["Location"].endswith("?e=1")
 
 
 @pytest.mark.postgres

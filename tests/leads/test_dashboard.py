@@ -9,9 +9,11 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import strategies as st
 
 from audit.models import AuditEvent
-from leads.dashboard import QUEUE_LOOKBACK, dashboard_view
+from leads.dashboard import QUEUE_LOOKBACK, dashboard_view, queue_levels
 from leads.models import Assignment, Lead
 from rotation.models import Membership
 
@@ -87,6 +89,27 @@ def test_dashboard_page_renders_its_charts_in_a_fixed_number_of_queries(admin_cl
     assert one_group.count('class="share-chart"') == 1
     # The strategy in words, as the group's page names it, not its code.
     assert "(g2, Round robin)" in one_group and "round_robin)" not in one_group
+
+
+@pytest.mark.postgres
+def test_the_dashboards_queue_read_is_one_the_queue_entry_index_answers(admin_client, make_group, post_lead):
+    """The queue depth's read of the trail by time matches audit_queue_entry_at_idx's condition
+    (else PostgreSQL reads all 450,000 events, a second a page): with a sequential scan ruled
+    out, the plan of the page's own query names the index."""
+    make_group(0, slug="emea")
+    post_lead(group="emea")
+    with CaptureQueriesContext(connection) as ctx:
+        assert admin_client.get("/admin/dashboard/?days=7").status_code == 200
+    reads = [
+        q["sql"] for q in ctx.captured_queries if 'FROM "audit_auditevent"' in q["sql"] and "lead.queued" in q["sql"]
+    ]
+    by_time = [q for q in reads if '"audit_auditevent"."at" >=' in q]
+    assert len(by_time) == 1, reads
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {by_time[0]}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "audit_queue_entry_at_idx" in plan, plan
 
 
 def test_the_queue_chart_starts_where_the_period_starts(admin_client, make_group):
@@ -442,3 +465,34 @@ def test_a_picker_lists_the_groups_and_shows_the_one_chosen(admin_client, make_g
     # "All groups" in the picker sends an empty group: every panel again.
     html = admin_client.get("/admin/dashboard/", {"days": "30", "group": ""}).content.decode()
     assert 'id="group-emea"' in html and 'id="group-apac"' in html
+
+
+@given(
+    episodes=st.lists(
+        st.tuples(st.integers(0, 60), st.one_of(st.none(), st.integers(0, 60))).map(
+            lambda e: (e[0], None if e[1] is None else max(e[0], e[1]))
+        ),
+        max_size=30,
+    ),
+    points=st.lists(st.integers(0, 60), min_size=1, max_size=10, unique=True).map(sorted),
+)
+def test_the_queue_levels_of_one_sweep_are_those_of_counting_each_lead_at_each_point(episodes, points):
+    """At a point, a lead entered at or before it and not yet left (one that left at that very
+    instant is gone) counts; the peak is the most at any instant, with leaving before entering."""
+    base = timezone.now()
+    at = [base + timedelta(minutes=m) for m in points]
+    changes = []
+    for entered, left in episodes:
+        changes.append((base + timedelta(minutes=entered), 1))
+        if left is not None:
+            changes.append((base + timedelta(minutes=left), -1))
+    counts, peak = queue_levels(changes, at)
+    assert counts == [
+        sum(1 for entered, left in episodes if entered <= m and (left is None or left > m)) for m in points
+    ]
+    instants = {e for e, _ in episodes} | {left for _, left in episodes if left is not None}
+    busiest = max(
+        (sum(1 for entered, left in episodes if entered <= m and (left is None or left > m)) for m in instants),
+        default=0,
+    )
+    assert peak == busiest
