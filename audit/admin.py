@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html
 
-from routing_project.admin_lists import EstimatedCountPaginator, distinct_indexed_values
+from routing_project.admin_lists import DateRangeFilter, EstimatedCountPaginator, distinct_indexed_values
 
 from .models import AuditEvent
 from .summary import event_summary, rep_ids
@@ -46,7 +46,7 @@ class GroupFilter(admin.SimpleListFilter):
         return queryset.filter(group=self.value()) if self.value() is not None else queryset
 
 
-class DateFilter(admin.DateFieldListFilter):
+class DateFilter(DateRangeFilter):
     """Titled "By date": the field's own name made it "By at"."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

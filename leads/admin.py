@@ -11,7 +11,7 @@ from django.utils.safestring import mark_safe
 from rest_framework import serializers
 
 from rotation.rules import COUNTRY_CODES
-from routing_project.admin_lists import EstimatedCountPaginator
+from routing_project.admin_lists import DateRangeFilter, EstimatedCountPaginator
 from routing_project.api import ascii_email
 
 from . import actions
@@ -203,7 +203,7 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
         ("group", NoGroupFilter),
         ("owner", NoOwnerFilter),
         SourceFilter,
-        ("created_at", admin.DateFieldListFilter),
+        ("created_at", DateRangeFilter),
     )
     search_fields = ("email", "first_name", "last_name", "company", "phone", "external_id")
     search_help_text = (

@@ -11,7 +11,7 @@ from django.utils.html import format_html
 
 from audit.models import AuditEvent
 from audit.services import audit_record
-from routing_project.admin_lists import EstimatedCountPaginator
+from routing_project.admin_lists import DateRangeFilter, EstimatedCountPaginator
 from security.admin_views import SuperusersOnly
 
 from . import services
@@ -234,7 +234,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         "sent_at",
     )
     # Dates by range rather than a date hierarchy, whose drill-down reads every delivery's date.
-    list_filter = ("status", "channel", EventFilter, ("created_at", admin.DateFieldListFilter))
+    list_filter = ("status", "channel", EventFilter, ("created_at", DateRangeFilter))
     search_fields = ("=message__lead_id", "target")
     list_select_related = ("message",)
     show_full_result_count = False

@@ -3,7 +3,7 @@ indexes and small reads: no page view reads a whole table for its date navigatio
 choices, its count or a manager's search by email."""
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 import pytest
@@ -349,3 +349,38 @@ def test_a_lead_moved_many_times_shows_its_latest_attempts_only(api, make_group,
     shown = re.findall(r'field-attempt">\s*<p>(\d+)</p>', html)
     assert sorted(map(int, shown)) == list(range(31 - ASSIGNMENTS_SHOWN, 31))
     assert f"the latest {ASSIGNMENTS_SHOWN}" in html
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("created_at__gte=2026-03-02", {"b", "c"}),
+        ("created_at__gte=2026-03-02&created_at__lt=2026-03-03", {"b"}),
+        ("created_at__gte=2026-03-02 12:00", {"c"}),
+        ("created_at__lt=2026-03-02T08:00:00%2B01:00", {"a", "b"}),
+        ("created_at__gte=2026-03-02+00:00:00%2B00:00&created_at__lt=2026-03-03+00:00:00%2B00:00", {"b"}),
+    ],
+)
+def test_dates_typed_in_the_address_filter_by_the_days_and_times_they_name(
+    api, make_group, manager, query, expected, recwarn
+):
+    """`?created_at__gte=2026-03-02` is that day's midnight in the site's time zone (UTC), a time
+    without an offset too, one with an offset as it says; Django took them as naive datetimes
+    and logged a warning for each page."""
+    make_group(2, slug="emea")
+    ids = dict(zip("abc", post_leads(api, "emea", "a@one.example", "b@one.example", "c@one.example"), strict=True))
+    for key, moment in (("a", (2026, 3, 1, 23)), ("b", (2026, 3, 2, 6, 30)), ("c", (2026, 3, 3, 9))):
+        Lead.objects.filter(pk=ids[key]).update(created_at=datetime(*moment, tzinfo=UTC))
+    page, _ = get(manager, f"/admin/leads/lead/?{query}")
+    assert {lead.email[0] for lead in page.context["cl"].result_list} == expected
+    assert not [w for w in recwarn if "naive datetime" in str(w.message)]
+
+
+@pytest.mark.parametrize("value", ["yesterday", "2026-02-30", "2026-03-02 25:00", "99999-01-01"])
+def test_a_date_in_the_address_that_names_no_day_says_the_address_is_wrong(api, make_group, manager, value):
+    make_group(2, slug="emea")
+    post_leads(api, "emea", "a@one.example")
+    for url in ("/admin/leads/lead/", "/admin/audit/auditevent/", "/admin/notifications/delivery/"):
+        field = "at" if "audit" in url else "created_at"
+        response = manager.get(url, {f"{field}__gte": value})
+        assert response.status_code == 302 and response["Location"].endswith("?e=1"), (url, response.status_code)
