@@ -132,9 +132,11 @@ class DateRangeFilter(admin.DateFieldListFilter):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Django (5.0 on) keeps each parameter's values as a list; its stubs say one value.
+        used: dict[str, Any] = self.used_parameters
         for key in (self.lookup_kwarg_since, self.lookup_kwarg_until):
-            if key in self.used_parameters:
-                self.used_parameters[key] = [_aware(value) for value in self.used_parameters[key]]
+            if key in used:
+                used[key] = [_aware(value) for value in used[key]]
 
 
 def _aware(value: Any) -> Any:

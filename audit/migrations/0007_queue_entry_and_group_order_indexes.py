@@ -2,29 +2,67 @@
 sorted them all first), and the queue's entries have an index of their own for the dashboard
 (its queue depth read the whole trail). The group index is replaced, not added to: a routed
 lead still writes the same number of index entries; the queue-entry index is written only for
-a lead that enters the queue. The new group index is built before the old one goes."""
+a lead that enters the queue. The new group index is built before the old one goes.
 
+On PostgreSQL the indexes are built and dropped CONCURRENTLY: a plain CREATE INDEX holds off
+every insert into the trail while it reads the whole of it, and every routed lead writes the
+trail, so intake would wait out the build (a few seconds on a few million events) and answer
+503. Outside a transaction, then: a build that fails leaves an INVALID index, which a re-run
+drops and builds again."""
+
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.db import migrations, models
 
 
+class AddIndexWithoutBlocking(AddIndexConcurrently):
+    """CONCURRENTLY on PostgreSQL; a plain index elsewhere (the embedded SQLite default)."""
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(self.index.name)}")
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        return migrations.AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        return migrations.AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+class RemoveIndexWithoutBlocking(RemoveIndexConcurrently):
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        return migrations.RemoveIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        return migrations.RemoveIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [
         ("audit", "0006_sqlite_append_only"),
     ]
 
     operations = [
-        migrations.AddIndex(
+        AddIndexWithoutBlocking(
             model_name="auditevent",
             index=models.Index(fields=["group", "id"], name="audit_group_id_idx"),
         ),
-        migrations.RemoveIndex(
+        RemoveIndexWithoutBlocking(
             model_name="auditevent",
             name="audit_group_idx",
         ),
-        migrations.AddIndex(
+        AddIndexWithoutBlocking(
             model_name="auditevent",
             index=models.Index(
-                condition=models.Q(("rep_id__isnull", True), ("type__in", ["lead.queued", "lead.escalated", "lead.rerouted"])),
+                condition=models.Q(
+                    ("rep_id__isnull", True), ("type__in", ["lead.queued", "lead.escalated", "lead.rerouted"])
+                ),
                 fields=["at"],
                 name="audit_queue_entry_at_idx",
             ),
