@@ -283,7 +283,7 @@ def queue_levels(changes: list[tuple[datetime, int]], points: list[datetime]) ->
         level += change
         peak = max(peak, level)
     counts[point:] = [level] * (len(points) - point)
-    return counts, max(peak, *counts, 0)
+    return counts, peak  # every point's count is a level the sweep passed through
 
 
 # --- charts: server-rendered SVG geometry (no JavaScript, no CDN) ----------------------------

@@ -14,31 +14,35 @@ from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndex
 from django.db import migrations, models
 
 
-class AddIndexWithoutBlocking(AddIndexConcurrently):
-    """CONCURRENTLY on PostgreSQL; a plain index elsewhere (the embedded SQLite default)."""
+class WithoutBlocking:
+    """CONCURRENTLY on PostgreSQL (the parent operation); the plain operation `plain` elsewhere
+    (the embedded SQLite default)."""
+
+    plain: type[migrations.AddIndex | migrations.RemoveIndex]
 
     def database_forwards(self, app_label, schema_editor, from_state, to_state):
         if schema_editor.connection.vendor == "postgresql":
+            return super().database_forwards(app_label, schema_editor, from_state, to_state)
+        return self.plain.database_forwards(self, app_label, schema_editor, from_state, to_state)
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            return super().database_backwards(app_label, schema_editor, from_state, to_state)
+        return self.plain.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+class AddIndexWithoutBlocking(WithoutBlocking, AddIndexConcurrently):
+    plain = migrations.AddIndex
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            # An INVALID index left by a build that failed: dropped, so the re-run builds it.
             schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(self.index.name)}")
-            return super().database_forwards(app_label, schema_editor, from_state, to_state)
-        return migrations.AddIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
-        return migrations.AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+        return super().database_forwards(app_label, schema_editor, from_state, to_state)
 
 
-class RemoveIndexWithoutBlocking(RemoveIndexConcurrently):
-    def database_forwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            return super().database_forwards(app_label, schema_editor, from_state, to_state)
-        return migrations.RemoveIndex.database_forwards(self, app_label, schema_editor, from_state, to_state)
-
-    def database_backwards(self, app_label, schema_editor, from_state, to_state):
-        if schema_editor.connection.vendor == "postgresql":
-            return super().database_backwards(app_label, schema_editor, from_state, to_state)
-        return migrations.RemoveIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+class RemoveIndexWithoutBlocking(WithoutBlocking, RemoveIndexConcurrently):
+    plain = migrations.RemoveIndex
 
 
 class Migration(migrations.Migration):
