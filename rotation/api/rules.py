@@ -162,12 +162,14 @@ class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 @extend_schema_view(
     list=extend_schema(responses={200: AbsenceSerializer(many=True), **ERRORS}),
     create=extend_schema(parameters=[CREATED_LOCATION], responses={201: AbsenceSerializer, **ERRORS}),
+    retrieve=extend_schema(responses={200: AbsenceSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
 class AbsenceViewSet(
     CreatedLocationMixin,
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,  # the Location a POST answers with can be read back
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):

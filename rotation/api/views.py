@@ -110,6 +110,7 @@ class RepViewSet(
 @extend_schema_view(
     list=extend_schema(responses={200: MembershipSerializer(many=True), **ERRORS}),
     create=extend_schema(parameters=[CREATED_LOCATION], responses={201: MembershipSerializer, **ERRORS}),
+    retrieve=extend_schema(responses={200: MembershipSerializer, **ERRORS}),
     partial_update=extend_schema(request=MembershipUpdateSerializer, responses={200: MembershipSerializer, **ERRORS}),
     destroy=extend_schema(responses={204: None, **ERRORS}),
 )
@@ -117,6 +118,7 @@ class MembershipViewSet(
     CreatedLocationMixin,
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,  # the Location a POST answers with can be read back
     mixins.UpdateModelMixin,
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,

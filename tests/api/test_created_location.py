@@ -26,7 +26,9 @@ def test_each_configuration_resource_created_answers_with_its_location(api, make
 
     member = api.post("/api/v1/groups/south/members/", {"rep": rep_id}, format="json")
     assert member.status_code == 201 and member["Location"] == f"/api/v1/groups/south/members/{rep_id}/"
+    assert api.get(member["Location"]).json()["rep"] == rep_id
     assert api.patch(member["Location"], {"weight": 2}, format="json").json()["weight"] == 2
+    assert api.get(member["Location"]).json()["weight"] == 2
 
     rule = api.post(
         "/api/v1/rules/",
@@ -43,7 +45,23 @@ def test_each_configuration_resource_created_answers_with_its_location(api, make
     )
     assert absence.status_code == 201
     assert absence["Location"] == f"/api/v1/reps/{rep.pk}/absences/{absence.json()['id']}/"
+    assert api.get(absence["Location"]).json() == absence.json()
     assert api.delete(absence["Location"]).status_code == 204
+    assert api.get(absence["Location"]).status_code == 404
+
+
+def test_a_member_or_absence_is_read_only_under_its_own_group_or_rep(api, make_group):
+    make_group(1, slug="north")
+    _south, (stranger,) = make_group(1, slug="south")
+    assert api.get(f"/api/v1/groups/north/members/{stranger.pk}/").status_code == 404
+    assert api.get(f"/api/v1/groups/nowhere/members/{stranger.pk}/").status_code == 404
+    absence = api.post(
+        f"/api/v1/reps/{stranger.pk}/absences/",
+        {"starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-02T00:00:00Z"},
+        format="json",
+    ).json()
+    other = api.post("/api/v1/reps/", {"name": "Bo", "email": "bo@reps.example"}, format="json").json()
+    assert api.get(f"/api/v1/reps/{other['id']}/absences/{absence['id']}/").status_code == 404
 
 
 def test_a_lead_taken_in_by_the_signed_hook_answers_with_its_location(make_group):
