@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.request import Request
@@ -138,7 +140,35 @@ class RuleViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
         services.rule_delete(rule=instance, actor=actor_of(self.request))
 
 
+class RepLocalDateTimeField(serializers.DateTimeField):
+    """A time with an offset is that instant; a time without one is read in the rep's time
+    zone (the serializer's context `rep`), as the admin enters a rep's absences: "out from
+    9:00 on Monday" means the rep's Monday. Answers give the instant in UTC. A local time the
+    clocks skip or go through twice (a daylight-saving change) is refused, naming the zone."""
+
+    default_error_messages = {
+        "local_time_changes": "{value} is not one time in {zone}: its clocks change then. Give an offset.",
+    }
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        rep = self.context.get("rep")
+        if timezone.is_naive(value) and isinstance(rep, Rep):
+            local = value.replace(tzinfo=ZoneInfo(rep.timezone))
+            # Skipped or repeated, a local time's offset depends on which side of the change
+            # it is read (fold). DRF's valid_datetime lets both through: compared across zones, such
+            # a time equals no instant, so it passes for neither skipped nor repeated.
+            if local.utcoffset() != local.replace(fold=1).utcoffset():
+                self.fail("local_time_changes", value=value.isoformat(), zone=rep.timezone)
+            value = local
+        return super().enforce_timezone(value)  # in UTC; out of the calendar there: "overflow"
+
+
+_IN_REP_ZONE = "An offset (Z, +02:00) gives the instant; without one, the time is the rep's local time."
+
+
 class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    starts_at = RepLocalDateTimeField(help_text=_IN_REP_ZONE)
+    ends_at = RepLocalDateTimeField(help_text=_IN_REP_ZONE)
     reason = serializers.CharField(max_length=200, required=False, allow_blank=True)
 
     class Meta:
@@ -189,6 +219,12 @@ class AbsenceViewSet(
         if getattr(self, "swagger_fake_view", False):
             return Absence.objects.none()
         return Absence.objects.filter(rep=self.get_rep()).order_by("starts_at", "id")
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = super().get_serializer_context()
+        if "rep_id" in self.kwargs:
+            context["rep"] = self.get_rep()
+        return context
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         serializer.instance = services.absence_add(

@@ -84,6 +84,65 @@ def test_bad_absence_is_400(api, make_group, body, field):
     assert not Absence.objects.exists()
 
 
+def test_an_absence_without_an_offset_is_in_the_reps_time_zone(api, make_group):
+    """As the admin enters a rep's absences: "from 9:00" is the rep's 9:00, not UTC's. With an
+    offset, the time is that instant whatever the rep's zone; answers give UTC."""
+    _, (rep,) = make_group(1)
+    Rep.objects.filter(pk=rep.pk).update(timezone="America/New_York")
+    url = f"/api/v1/reps/{rep.id}/absences/"
+    local = api.post(url, {"starts_at": "2030-07-01T09:00:00", "ends_at": "2030-07-01T17:30"}, format="json")
+    assert local.status_code == 201, local.content
+    assert (local.json()["starts_at"], local.json()["ends_at"]) == ("2030-07-01T13:00:00Z", "2030-07-01T21:30:00Z")
+    absence = Absence.objects.get(pk=local.json()["id"])
+    assert absence.starts_at == datetime(2030, 7, 1, 9, tzinfo=ZoneInfo("America/New_York"))
+    winter = api.post(url, {"starts_at": "2030-12-01T09:00:00", "ends_at": "2030-12-02T09:00:00+01:00"}, format="json")
+    assert (winter.json()["starts_at"], winter.json()["ends_at"]) == ("2030-12-01T14:00:00Z", "2030-12-02T08:00:00Z")
+    # The same body for a rep in UTC is UTC.
+    _, (other,) = make_group(1)
+    utc = api.post(
+        f"/api/v1/reps/{other.id}/absences/",
+        {"starts_at": "2030-07-01T09:00:00", "ends_at": "2030-07-01T17:30"},
+        format="json",
+    )
+    assert utc.json()["starts_at"] == "2030-07-01T09:00:00Z"
+
+
+@pytest.mark.parametrize(
+    "starts_at",
+    [
+        "2030-03-10T02:30:00",  # New York's clocks skip from 2:00 to 3:00
+        "2030-11-03T01:30:00",  # and go through 1:00 to 2:00 twice
+    ],
+)
+def test_a_local_time_that_names_no_single_instant_is_refused(api, make_group, starts_at):
+    _, (rep,) = make_group(1)
+    Rep.objects.filter(pk=rep.pk).update(timezone="America/New_York")
+    r = api.post(
+        f"/api/v1/reps/{rep.id}/absences/", {"starts_at": starts_at, "ends_at": "2031-01-01T00:00:00Z"}, format="json"
+    )
+    assert r.status_code == 400, r.content
+    assert r.json() == {
+        "starts_at": [f"{starts_at} is not one time in America/New_York: its clocks change then. Give an offset."]
+    }
+    assert not Absence.objects.exists()
+    fine = api.post(
+        f"/api/v1/reps/{rep.id}/absences/",
+        {"starts_at": f"{starts_at}-05:00", "ends_at": "2031-01-01T00:00:00Z"},
+        format="json",
+    )
+    assert fine.status_code == 201, fine.content
+
+
+def test_a_local_time_past_the_calendar_in_utc_is_a_400(api, make_group):
+    _, (rep,) = make_group(1)
+    Rep.objects.filter(pk=rep.pk).update(timezone="Asia/Tokyo")
+    r = api.post(
+        f"/api/v1/reps/{rep.id}/absences/", {"starts_at": "0001-01-01T00:00:00", "ends_at": "0001-01-02"}, format="json"
+    )
+    assert r.status_code == 400 and "starts_at" in r.json(), r.content
+    assert not Absence.objects.exists()
+
+
 def test_absences_of_unknown_rep_and_scope(api, api_with):
     assert api.get("/api/v1/reps/999999/absences/").status_code == 404
     assert api_with(["read"]).get("/api/v1/reps/1/absences/").status_code == 403
