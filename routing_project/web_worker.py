@@ -18,11 +18,13 @@ frees a dead worker's row (gunicorn.conf.py's `child_exit`).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 from typing import Any
 
 from gunicorn import glogging
+from gunicorn import util as gunicorn_util
 from gunicorn.workers.gthread import ThreadWorker
 
 from routing_project.logging import request_id_var
@@ -80,6 +82,22 @@ def fewest_elsewhere(row: int) -> int | None:
         if count >= 0 and (fewest is None or count < fewest):
             fewest = count
     return fewest
+
+
+def write_json_error(sock: Any, status_int: int, reason: str, mesg: str) -> None:
+    """gunicorn's own answer to a request it cannot hand to the application (a request line
+    over 4,094 bytes: 414; headers too large: 431; a malformed request line or header: 400),
+    in JSON as every other error of the API, where gunicorn writes an HTML page."""
+    body = json.dumps({"detail": f"{reason}: {mesg}" if mesg else reason}).encode()
+    head = (
+        f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    gunicorn_util.write_nonblock(sock, head.encode("latin-1") + body)
+
+
+# The worker's error path calls it through the module (gunicorn.workers.base: util.write_error).
+gunicorn_util.write_error = write_json_error
 
 
 class BalancedThreadWorker(ThreadWorker):

@@ -1,6 +1,6 @@
 """Requests the real web server sees differently from Django's test client: a chunked body
-(a clear 411, never a body read as empty: Django reads bodies by their Content-Length), and
-HEAD (the GET headers, no body)."""
+(a clear 411, never a body read as empty: Django reads bodies by their Content-Length), HEAD
+(the GET headers, no body), and requests gunicorn refuses itself (answered in JSON)."""
 
 import http.client
 import json
@@ -33,6 +33,37 @@ def test_a_chunked_post_is_a_411_naming_the_content_length(tmp_path):
         conn.close()
     assert response.status == 411, answer
     assert "Content-Length" in json.loads(answer)["detail"]
+
+
+def _raw(port: int, request: bytes) -> tuple[str, dict[str, str], bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return status, headers, body
+
+
+def test_requests_the_server_cannot_parse_are_answered_in_json(tmp_path):
+    """A request line or headers too long, or malformed, never reach Django: gunicorn answered
+    them with an HTML page; API clients read every error as JSON with a `detail`."""
+    long_url = b"/api/v1/leads/?q=" + b"a" * 5000
+    with gunicorn(tmp_path, WEB_WORKERS="1", WEB_THREADS="2") as server:
+        answers = [
+            _raw(server.port, b"GET " + long_url + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"),
+            _raw(server.port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Big: b\r\n" * 200 + b"\r\n"),
+            _raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n"),
+        ]
+    statuses = [status.split(" ", 2)[1] for status, _, _ in answers]
+    assert statuses == ["414", "431", "400"], answers
+    for _status, headers, body in answers:
+        assert headers["content-type"] == "application/json"
+        assert int(headers["content-length"]) == len(body)
+        assert json.loads(body)["detail"]
+    assert json.loads(answers[0][2])["detail"].startswith("URI Too Long: ")
 
 
 def test_a_413_keeps_the_keep_alive_connection_it_announces(tmp_path):
