@@ -34,6 +34,7 @@ from notifications.services import outbox_announce_many_on_commit
 from rotation.eligibility import MemberFacts, eligibility, working_hours_starts
 from rotation.models import Absence, Group, Membership, Rep, RotationState
 from routing_project import metrics
+from routing_project.bulkdb import objects_create, objects_update
 from routing_project.db import set_lock_timeout
 
 from . import notify, ownership, routing, scheduling
@@ -507,11 +508,11 @@ def _escalate_many_locked(
     for miss in misses.values():
         if miss.fields:
             miss.member.save(update_fields=sorted(miss.fields))
-    Assignment.objects.bulk_create(new_assignments)
-    Lead.objects.bulk_update([lead for _, lead in due], LEAD_ROUTING_FIELDS)
+    objects_create(Assignment, new_assignments)
+    objects_update(Lead, [lead for _, lead in due], LEAD_ROUTING_FIELDS)
     if moved:
         routing.advance_write(state)
-    OutboxMessage.objects.bulk_create(outbox)
+    objects_create(OutboxMessage, outbox)
     outbox_announce_many_on_commit([m.id for m in outbox])
     audit_record_many(events=events)
     if len(new_assignments) == 1:
