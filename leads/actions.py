@@ -28,7 +28,7 @@ from django.db.models import Count, Exists, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from audit.services import Event, audit_record_many
+from audit.services import Event, audit_record_bulk, audit_record_many
 from notifications.models import OutboxMessage
 from notifications.services import outbox_announce_many_on_commit
 from rotation.eligibility import MemberFacts, eligibility, working_hours_starts
@@ -514,7 +514,7 @@ def _escalate_many_locked(
         routing.advance_write(state)
     objects_create(OutboxMessage, outbox)
     outbox_announce_many_on_commit([m.id for m in outbox])
-    audit_record_many(events=events)
+    audit_record_bulk(events=events)
     if len(new_assignments) == 1:
         first = new_assignments[0]
         scheduling.timer_schedule_on_commit(assignment_id=first.id, due_at=first.due_at, group_id=first.group_id)

@@ -36,7 +36,7 @@ def test_objects_update_writes_each_rows_own_values_and_nothing_else():
 
     leads[0].status, leads[0].owner, leads[0].assigned_at = LeadStatus.ASSIGNED, rep, T0 + timedelta(minutes=1)
     leads[0].queue_reason, leads[0].escalations = "", 3
-    leads[1].queue_reason, leads[1].group = "O'Brien said \"later\"; \\ and ,{} too", other
+    leads[1].queue_reason, leads[1].group = 'O\'Brien said "later"; \\ and ,{} too', other
     leads[2].sla_due_at, leads[2].group = T0 + timedelta(hours=2, microseconds=7), None
     leads[3].attributes = {"tier": "gold", "seats": [1, 2], "nested": {"ok": True, "none": None}}
     fields = ["status", "owner", "group", "assigned_at", "sla_due_at", "queue_reason", "escalations", "attributes"]
