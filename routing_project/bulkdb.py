@@ -64,16 +64,6 @@ def _copy(model: type[models.Model], columns: Sequence[str], rows: Iterable[Sequ
     return n
 
 
-def objects_copy(model: type[models.Model], objs: Sequence[models.Model], *, with_pk: bool) -> int:
-    """COPY unsaved model instances (no save() or pre_save hooks run: pass plain values).
-    With `with_pk`, their primary keys must be set (see `ids_reserve`)."""
-    if not supports_copy():
-        model._default_manager.bulk_create(objs)
-        return len(objs)
-    fields = [f for f in model._meta.concrete_fields if with_pk or not f.primary_key]
-    return rows_copy(model, [f.column for f in fields], ([getattr(o, f.attname) for f in fields] for o in objs))
-
-
 def objects_create(model: type[models.Model], objs: Sequence[models.Model]) -> None:
     """`bulk_create` of unsaved instances with plain values (no save() or pre_save hooks):
     on PostgreSQL their ids are taken from the sequence and set on them, and the rows
@@ -85,7 +75,8 @@ def objects_create(model: type[models.Model], objs: Sequence[models.Model]) -> N
         return
     for obj, pk in zip(objs, ids_reserve(model, len(objs)), strict=True):
         obj.pk = pk
-    objects_copy(model, objs, with_pk=True)
+    fields = model._meta.concrete_fields
+    rows_copy(model, [f.column for f in fields], ([getattr(o, f.attname) for f in fields] for o in objs))
     for obj in objs:
         obj._state.adding, obj._state.db = False, connection.alias
 
