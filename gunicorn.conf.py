@@ -131,12 +131,14 @@ def on_exit(server):  # type: ignore[no-untyped-def]
 def post_worker_init(worker):  # type: ignore[no-untyped-def]
     import gc
 
-    from django.urls import get_resolver
+    from routing_project.web_worker import warm
 
-    # The application as loaded (URLs, views, serializers: about 120,000 objects) is set
-    # apart from the garbage collector: a full collection then scans only what requests
-    # left behind. Scanning them all paused the worker, every thread of it, for 100-250 ms
-    # on a 2-core machine, a few times a minute under load, rotation locks held meanwhile.
-    get_resolver().url_patterns  # noqa: B018 - imports every view now, not on the first request
+    # Every view imported and every URL and validator pattern compiled now, not by the first
+    # requests (routing_project.web_worker.warm). Then the application as loaded (URLs, views,
+    # serializers: about 120,000 objects) is set apart from the garbage collector: a full
+    # collection then scans only what requests left behind. Scanning them all paused the
+    # worker, every thread of it, for 100-250 ms on a 2-core machine, a few times a minute
+    # under load, rotation locks held meanwhile.
+    warm()
     gc.collect()
     gc.freeze()

@@ -212,6 +212,48 @@ def test_a_worker_sets_the_loaded_application_apart_from_the_garbage_collector(t
     assert frozen > 50_000 and scanned < frozen / 10, done.stdout
 
 
+def test_a_worker_compiles_patterns_and_imports_before_taking_connections(tmp_path):
+    """Django compiles URL patterns and validators' regular expressions on first use, without
+    a lock: each thread of a fresh worker that got one of the first requests compiled the same
+    ones at once (the email domain pattern takes 30-60 ms alone), and the first lead imported
+    the pool, the Redis client and Celery's publishing side: the first leads after a start or
+    a recycle waited hundreds of milliseconds."""
+    import subprocess
+
+    script = (
+        "import runpy, django; django.setup(); "
+        "from django.core.validators import EmailValidator; "
+        "from django.urls import URLResolver, get_resolver; "
+        "from django.utils.functional import empty; "
+        "conf = runpy.run_path('gunicorn.conf.py'); "
+        "import sys; sys.argv[1:] == ['warm'] and conf['post_worker_init'](None); "
+        "regexes = [EmailValidator.domain_regex, EmailValidator.user_regex]; "
+        "print(sum(r._wrapped is not empty for r in regexes)); "
+        "walk = lambda ps: sum((walk(p.url_patterns) if isinstance(p, URLResolver) else 0) "
+        "+ ('regex' in p.pattern.__dict__) for p in ps); "
+        "print(walk(get_resolver().url_patterns)); "
+        "print(sum(m in sys.modules for m in ('psycopg_pool', 'redis.client', 'celery.app.amqp', 'celery.app.task')))"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "routing_project.settings.production",
+        "SECRET_KEY": "test-only-secret-key-for-the-web-worker-tests",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+    }
+
+    def loaded(*args: str) -> tuple[int, int, int]:
+        done = subprocess.run(
+            [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, check=True
+        )
+        validators, patterns, modules = map(int, done.stdout.split()[-3:])
+        return validators, patterns, modules
+
+    assert loaded() == (0, 0, 0)  # nothing of it done by loading alone: the check can tell
+    validators, patterns, modules = loaded("warm")
+    assert validators == 2 and patterns > 100 and modules == 4, (validators, patterns, modules)
+
+
 def test_a_second_quit_signal_during_the_first_does_not_hang_the_worker():
     """Ctrl-C sends SIGINT to every process of `make run`, and the master then sends its
     workers SIGQUIT: the second signal's handler can run inside the first one, while the
