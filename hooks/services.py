@@ -373,9 +373,14 @@ def hook_map(*, source: IntakeSource, payload: dict[str, Any]) -> dict[str, Any]
         else:
             data[target] = value
     data.update(mapped)
-    if isinstance(payload.get("attributes"), dict) and "attributes" not in field_map:
-        attributes = {**payload["attributes"], **attributes}
-    if attributes:
+    posted = payload.get("attributes") if "attributes" not in field_map else None
+    if isinstance(posted, dict):
+        attributes = {**posted, **attributes}
+    if posted not in (None, "") and not isinstance(posted, dict):
+        # Not an object (text, a list, a number): handed on as posted, so that validation
+        # refuses it with a 400 naming `attributes`, as the API does, not dropped unseen.
+        data["attributes"] = posted
+    elif attributes:
         data["attributes"] = attributes
     data.setdefault("source", source.slug)
     return data

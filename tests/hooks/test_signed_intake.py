@@ -336,6 +336,24 @@ def test_a_400_names_a_mapped_field_left_empty_and_a_mapped_attribute(source, ma
 
 
 @pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (b'{"email": "jane@acme.example", "attributes": "campaign=spring"}', "application/json"),
+        (b'{"email": "jane@acme.example", "attributes": ["spring"], "utm_campaign": "x"}', "application/json"),
+        (b'{"email": "jane@acme.example", "attributes": 7}', "application/json"),
+        (b"email=jane%40acme.example&attributes=spring", "application/x-www-form-urlencoded"),
+    ],
+)
+def test_attributes_that_are_not_an_object_are_a_400_naming_them_not_dropped(source, make_group, body, content_type):
+    """The API refuses such attributes; the hook used to drop them and take the lead."""
+    make_group(1, slug="emea", is_default=True)
+    r = post_signed(source, body, content_type=content_type)
+    assert r.status_code == 400, r.content
+    assert list(r.json()) == ["attributes"], r.json()
+    assert not Lead.objects.exists()
+
+
+@pytest.mark.parametrize(
     ("body", "content_type", "status"),
     [
         (b"not json", "application/json", 400),
