@@ -6,7 +6,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from django.conf import settings
-from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig, SuspiciousOperation, TooManyFieldsSent
+from django.core.exceptions import (
+    DisallowedHost,
+    ObjectDoesNotExist,
+    RequestDataTooBig,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+)
 from django.db import DataError, OperationalError
 from django.http import (
     FileResponse,
@@ -292,6 +298,29 @@ def _view_label(request: HttpRequest) -> str:
         except Resolver404:
             return "unmatched"
     return match.view_name or match.route
+
+
+class AllowedHostMiddleware:
+    """A Host header not in ALLOWED_HOSTS gets the plain 400 (JSON under /api/) with DEBUG on
+    too, where Django answers with its debug page. That page lists the settings, the database
+    and Redis URLs with their passwords among them, and a browser lured to a host name of an
+    attacker's that resolves to this server (DNS rebinding) lets the attacker's page read it.
+    Logged as Django logs it, on django.security.DisallowedHost."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        try:
+            request.get_host()
+        except DisallowedHost as exc:
+            from .error_views import bad_request
+
+            logging.getLogger("django.security.DisallowedHost").error(
+                str(exc), extra={"status_code": 400, "request": request}
+            )
+            return bad_request(request, exc)
+        return self.get_response(request)
 
 
 class AccessLogMiddleware:

@@ -129,6 +129,7 @@ MIDDLEWARE = [
     "routing_project.middleware.HeadWithoutBodyMiddleware",
     "routing_project.middleware.RequestIdMiddleware",
     "routing_project.middleware.AccessLogMiddleware",
+    "routing_project.middleware.AllowedHostMiddleware",
     # Before the middleware below that answers on its own (413, 411, 308): those answers
     # carry the security headers too.
     "django.middleware.security.SecurityMiddleware",

@@ -181,3 +181,17 @@ def test_a_host_header_the_server_does_not_answer_for_is_a_json_400_under_the_ap
     assert r.status_code == 400 and r["Content-Type"] == "application/json"
     assert "Host" in r.json()["detail"] and "evil.example" not in r.json()["detail"]
     assert Client().get("/admin/", headers={"Host": "evil.example"})["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("path", ["/api/v1/leads/", "/api/v1/hooks/webform/", "/admin/", "/healthz"])
+def test_a_host_header_the_server_does_not_answer_for_gets_no_debug_page_with_debug_on(api, settings, path):
+    """Django's debug page (DEBUG on, as `make run` has it) lists the settings, the database
+    URL with its password among them: a page of a host name resolving to this server (DNS
+    rebinding) could read it."""
+    settings.DEBUG = True
+    settings.ALLOWED_HOSTS = ["leads.example"]
+    r = Client().get(path, headers={"Host": "evil.example"})
+    assert r.status_code == 400
+    assert b"DATABASES" not in r.content and b"Traceback" not in r.content and len(r.content) < 2_000
+    if path.startswith("/api/"):
+        assert r["Content-Type"] == "application/json" and "Host" in r.json()["detail"]
