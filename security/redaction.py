@@ -33,6 +33,12 @@ _PATTERNS = [
         r"(?:[\w\-]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|%[0-9a-fA-F]{2})+"
         r"(?:\.(?:[\w\-]|\\x[0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}|%[0-9a-fA-F]{2})+)+"
     ),
+    # The two addresses without a dotted domain that the API accepts (Django's email rule):
+    # at localhost and at an address literal (jane@[192.0.2.1], jane@[IPv6:2001:db8::1]).
+    re.compile(
+        r"(?<![\w.!#$%&'*+/=?^`{|}~\-])[\w.!#$%&'*+/=?^`{|}~\-]+(?:@|%40)"
+        r"(?:localhost\b|(?:\[|%5[Bb])[\w:.]+(?:\]|%5[Dd]))"
+    ),
 ]
 # Phone numbers in their usual shapes (not dates, times or ids): international (+...),
 # national with a leading 0 (01 23 45 67 89), North American ((555) 123-4567, 555-123-4567).
