@@ -1020,9 +1020,10 @@ def _without_this_lead(facts: list[MemberFacts], holding: Assignment, group: Gro
     ]
 
 
-def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead:
+def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False, because: str = "") -> Lead:
     """Runs the rules and the rotation again (e.g. the territory changed): audited, and the
-    only way a lead moves between groups."""
+    only way a lead moves between groups. `because`: why, when no one asked (the event's
+    `rerouted_because`)."""
     from .services import lead_resolve_group  # intake's resolution, evaluated before any lock
 
     current = Lead.objects.filter(pk=lead_id).first()
@@ -1052,6 +1053,8 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
             "from_rep": previous.rep_id if previous else None,
             "from_status": lead.status,
         }
+        if because:
+            explanation["rerouted_because"] = because
         group = state.group if state is not None else None
         lead.group = group
         if group is not None:  # inactive or not: the trail names the group the lead is now in
@@ -1131,8 +1134,8 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False) -> Lead
             ]
         )
         if previous is not None and kept is None and from_group is not None:
-            because = f"lead {lead.id} rerouted away from rep {previous.rep_id} ({actor})"
-            scheduling.drain_schedule_on_commit(group_ids=[from_group.id], because=because)
+            freed = f"lead {lead.id} rerouted away from rep {previous.rep_id} ({actor})"
+            scheduling.drain_schedule_on_commit(group_ids=[from_group.id], because=freed)
         return lead
 
     return _in_transaction(body)
@@ -1289,9 +1292,11 @@ def queue_drain_now(*, group_id: int, actor: str = "system:queue", because: str 
 
 def _queue_walk(group_id: int, actor: str, limit: int, *, steps: int | None, because: str) -> tuple[int, bool]:
     """Routes queued leads until `limit` are assigned or `steps` looked at; returns how many
-    were assigned and whether the walk ended (nobody free, or no lead left to try)."""
+    were assigned and whether the walk ended (nobody free, or no lead left to try). The
+    default group's walk first routes again the queued leads no group holds."""
+    orphans_done = _orphans_route(group_id, actor, limit, because)
     if not Lead.objects.filter(status=LeadStatus.QUEUED, group_id=group_id).exists():
-        return 0, True  # no rotation lock taken for an empty queue (or a group deleted since)
+        return 0, orphans_done  # no rotation lock taken for an empty queue (or a group deleted since)
     cursor = [0]  # the id of the last lead looked at: the walk goes on past it
     routed, looked, ended = 0, 0, False
     while routed < limit and (steps is None or looked < steps):
@@ -1304,7 +1309,29 @@ def _queue_walk(group_id: int, actor: str, limit: int, *, steps: int | None, bec
             break
     if routed:
         logger.info("queue drained: %s leads assigned in group %s", routed, group_id)
-    return routed, ended
+    return routed, ended and orphans_done
+
+
+def _orphans_route(group_id: int, actor: str, limit: int, because: str) -> bool:
+    """A lead queued because no rule matched and there was no default group waits in no
+    group's queue, so no drain would ever reach it. Once there is a default (this group, active),
+    its drains route those leads again, oldest first, as `reroute` does: the rules as they are
+    now, else the default group (audited as `lead.rerouted`, with `rerouted_because`). At most
+    `limit` per call; True when none is left."""
+    if not Group.objects.filter(pk=group_id, is_default=True, active=True).exists():
+        return True
+    waiting = list(
+        Lead.objects.filter(status=LeadStatus.QUEUED, group__isnull=True)
+        .order_by("id")
+        .values_list("id", flat=True)[: limit + 1]
+    )
+    why = f"a default group now exists; {because}" if because else "a default group now exists"
+    for lead_id in waiting[:limit]:
+        try:
+            lead_reroute(lead_id=lead_id, actor=actor, only_queued=True, because=why)
+        except (Lead.DoesNotExist, LeadConflict):
+            continue  # closed, deleted or taken by a manager meanwhile
+    return len(waiting) <= limit
 
 
 def _drain_one(group_id: int, cursor: list[int], actor: str, because: str) -> str:
@@ -1395,6 +1422,11 @@ def queue_drain_all(*, actor: str = "system:queue") -> int:
         .values_list("group_id", flat=True)
         .distinct()
     )
+    if Lead.objects.filter(status=LeadStatus.QUEUED, group__isnull=True).exists():
+        # Leads no group holds go to the default group's drain (`_orphans_route`), if any.
+        default = Group.objects.filter(is_default=True, active=True).values_list("id", flat=True).first()
+        if default is not None and default not in group_ids:
+            group_ids = sorted([*group_ids, default])
     routed = 0
     for group_id in group_ids:
         # One group that cannot be drained now (its rotation held past the lock timeout, or a

@@ -153,11 +153,16 @@ def group_save(*, group: Group, actor: str, changed: Iterable[str] | None = None
         Membership.objects.filter(group=group, consecutive_misses__gt=0).update(consecutive_misses=0)
     # Leads kept in the queue for their account's owner may go to the rotation now.
     to_rotation = "owner_match_fallback_to_rotation" in change.fields and group.owner_match_fallback_to_rotation
-    if group.active and (change.created or to_rotation or GROUP_FREES_CAPACITY.intersection(change.fields)):
+    # The new default takes the queued leads no group holds (queued for want of one): its
+    # drain routes them again, rules first (leads.actions._orphans_route).
+    made_default = "is_default" in change.fields and group.is_default
+    if group.active and (
+        change.created or to_rotation or made_default or GROUP_FREES_CAPACITY.intersection(change.fields)
+    ):
         # A group (re)activated routes its queued leads; a new time zone moves its day (the
         # daily caps start again), and more attempts let escalated-out leads back in.
         what = f"group '{group.slug}' created" if change.created else f"group '{group.slug}' changed"
-        fields = (*GROUP_FREES_CAPACITY, "owner_match_fallback_to_rotation")
+        fields = (*GROUP_FREES_CAPACITY, "owner_match_fallback_to_rotation", "is_default")
         capacity_freed(group_ids=[group.pk], because=_freed_because(what, change, group, fields, actor))
     if not change.fields:
         return group  # an edit that changes nothing: no event

@@ -10,7 +10,7 @@ from audit.models import AuditEvent
 from leads import actions, replay
 from leads.models import Assignment, Lead
 from rotation import services
-from rotation.models import Absence, Membership, RotationState
+from rotation.models import Absence, Group, Membership, RotationState, RoutingRule
 from tests.celery_worker import wait_for
 from tests.conftest import lead_body
 
@@ -436,6 +436,8 @@ def test_group_changes_that_free_capacity_ask_for_a_drain(api, make_group, drain
         ({"name": "EMEA inbound"}, False),
         ({"owner_match_fallback_to_rotation": False}, False),  # leads now wait for their owner
         ({"owner_match_fallback_to_rotation": True}, True),  # those waiting may go to the rotation
+        ({"is_default": True}, True),  # the leads queued for want of a default group are its own
+        ({"is_default": True}, False),
     ]
     for body, expected in cases:
         drains.clear()
@@ -457,6 +459,25 @@ def test_more_attempts_let_a_lead_that_used_them_up_be_drained(api, make_group):
     assert actions.queue_drain(group_id=group.id) == 1
     stored = Lead.objects.get(pk=lead["id"])
     assert stored.status == "assigned" and stored.owner_id != reps[0].id  # never the rep that missed it
+
+
+@pytest.mark.django_db
+def test_the_sweep_routes_leads_no_group_holds_once_there_is_a_default_group(api, make_group):
+    """Queued because no rule matched and there was no default group, a lead waits in no
+    group's queue: the default group's drains take it once there is one, and nothing touches
+    it (no event every sweep) while there is none."""
+    group, (rep,) = make_group(1, slug="emea")
+    orphan = post(api)
+    assert (orphan["status"], orphan["group"]) == ("queued", None)
+    assert actions.queue_drain_all() == 0
+    assert not AuditEvent.objects.filter(lead_id=orphan["id"], type="lead.rerouted").exists()
+    Group.objects.filter(pk=group.pk).update(is_default=True)  # without the drain its save asks for
+    actions.queue_drain_all()
+    lead = Lead.objects.get(pk=orphan["id"])
+    assert (lead.status, lead.group_id, lead.owner_id) == ("assigned", group.id, rep.id)
+    event = AuditEvent.objects.get(lead_id=lead.id, type="lead.rerouted")
+    assert event.actor == "system:queue" and event.explanation["from_group"] is None
+    assert event.explanation["rerouted_because"].startswith("a default group now exists; periodic sweep")
 
 
 # --- drained by the change itself, before its answer ----------------------------------------
@@ -500,6 +521,28 @@ def test_the_change_that_frees_capacity_routes_the_queue_before_it_answers(api, 
     assert Lead.objects.filter(group=group, status="queued").count() == 0
     member.refresh_from_db()
     assert member.max_open == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_making_a_group_the_default_routes_the_leads_queued_for_want_of_one(api, make_group, published):
+    group, reps = make_group(2, slug="emea")
+    RoutingRule.objects.create(
+        name="France", priority=1, group=group, conditions=[{"field": "country", "op": "in", "value": ["DE"]}]
+    )
+    orphans = [post(api, country="FR") for _ in range(3)]
+    assert all(lead["status"] == "queued" and lead["group"] is None for lead in orphans)
+    RoutingRule.objects.update(conditions=[{"field": "country", "op": "in", "value": ["FR"]}])  # fixed since
+    r = api.patch("/api/v1/groups/emea/", {"is_default": True}, format="json")
+    assert r.status_code == 200, r.content
+    # Before the answer, oldest first, through the rules as they are now and the rotation.
+    leads = [Lead.objects.get(pk=lead["id"]) for lead in orphans]
+    assert [(lead.status, lead.group_id) for lead in leads] == [("assigned", group.id)] * 3
+    assert [lead.owner_id for lead in leads] == [reps[0].id, reps[1].id, reps[0].id]
+    event = AuditEvent.objects.get(lead_id=leads[0].id, type="lead.rerouted")
+    assert (event.explanation["rule"], event.explanation["group_source"]) == ("France", "rule")  # as now
+    because = event.explanation["rerouted_because"]
+    assert because.startswith("a default group now exists; group 'emea' changed") and "is_default" in because
+    assert published == []
 
 
 @pytest.mark.django_db(transaction=True)
