@@ -10,6 +10,7 @@ import django_filters
 from django import forms
 from django.db.models import QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema_field
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.views import APIView
@@ -78,3 +79,19 @@ class UtcDateTimeField(django_filters.fields.IsoDateTimeField):
 
 class UtcDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UtcDateTimeField
+
+
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": 64})
+class SlugFilter(django_filters.CharFilter):
+    """A group's slug: given empty, a 400 (StrictFilterSet), never every row."""
+
+
+@extend_schema_field({"type": "boolean"})
+class TrueFalseFilter(django_filters.TypedChoiceFilter):
+    """`true` or `false`; anything else is a 400 naming the parameter (django-filter's own
+    boolean filter ignores a value it cannot read, and the list comes back unfiltered)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("choices", [("true", "true"), ("false", "false")])
+        kwargs.setdefault("coerce", lambda value: value == "true")
+        super().__init__(*args, **kwargs)

@@ -32,7 +32,7 @@ from leads.routing import RoutingBusy
 from rotation.models import Group, Strategy
 from routing_project import configcache
 from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
-from routing_project.filters import StrictFilterSet, UtcDateTimeFilter
+from routing_project.filters import SlugFilter, StrictFilterSet, UtcDateTimeFilter
 
 from .action_views import ACTION_SCOPES, LeadActionsMixin
 from .auth import actor_of
@@ -85,11 +85,6 @@ class IdFilter(django_filters.NumberFilter):
     rep 3), within the range of the id column (the filters give it as `max_value`)."""
 
     field_class = IdField
-
-
-@extend_schema_field({"type": "string", "minLength": 1, "maxLength": 64})
-class SlugFilter(django_filters.CharFilter):
-    """A group's slug: given empty, a 400 (StrictFilterSet), never every lead."""
 
 
 class LeadFilter(StrictFilterSet):

@@ -20,6 +20,7 @@ from rotation import services
 from rotation.models import Absence, Group, Rep, RoutingRule
 from rotation.rules import LEAD_FIELDS, MAX_ATTRIBUTE_KEY, MAX_CONDITIONS, OPERATORS, RuleError, validate_conditions
 from routing_project.api import CREATED_LOCATION, CreatedLocationMixin, RejectUnknownFieldsMixin
+from routing_project.filters import SlugFilter, StrictFilterSet, TrueFalseFilter
 
 from .views import ERRORS, actor_of
 
@@ -106,6 +107,15 @@ class RuleSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             raise serializers.ValidationError(exc.messages) from None
 
 
+class RuleFilter(StrictFilterSet):
+    group = SlugFilter(field_name="group__slug", max_length=64)
+    active = TrueFalseFilter()
+
+    class Meta:
+        model = RoutingRule
+        fields = ["group", "active"]
+
+
 @extend_schema_view(
     list=extend_schema(responses={200: RuleSerializer(many=True), **ERRORS}),
     create=extend_schema(parameters=[CREATED_LOCATION], responses={201: RuleSerializer, **ERRORS}),
@@ -122,6 +132,7 @@ class RuleViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
     required_scope = "manage"
     lookup_value_regex = r"[0-9]+"
     queryset = RoutingRule.objects.select_related("group").order_by("priority", "id")
+    filterset_class = RuleFilter
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         serializer.instance = services.rule_save(

@@ -15,6 +15,7 @@ from rotation import services
 from rotation.models import Group, Membership, Rep
 from routing_project.api import CREATED_LOCATION, CreatedLocationMixin
 from routing_project.exceptions import Conflict
+from routing_project.filters import StrictFilterSet, TrueFalseFilter
 
 from .serializers import (
     GroupSerializer,
@@ -36,6 +37,23 @@ def _changed(serializer: serializers.BaseSerializer) -> list[str]:
     return list(serializer.validated_data)  # type: ignore[arg-type]
 
 
+class GroupFilter(StrictFilterSet):
+    active = TrueFalseFilter()
+    is_default = TrueFalseFilter()
+
+    class Meta:
+        model = Group
+        fields = ["active", "is_default"]
+
+
+class RepFilter(StrictFilterSet):
+    active = TrueFalseFilter()
+
+    class Meta:
+        model = Rep
+        fields = ["active"]
+
+
 @extend_schema_view(
     list=extend_schema(responses={200: GroupSerializer(many=True), **ERRORS}),
     create=extend_schema(parameters=[CREATED_LOCATION], responses={201: GroupSerializer, **ERRORS}),
@@ -52,6 +70,7 @@ class GroupViewSet(CreatedLocationMixin, viewsets.ModelViewSet):
     lookup_value_regex = r"[-a-zA-Z0-9_]+"  # anything else names no group: a 404 from the URL conf
     required_scope = "manage"
     queryset = Group.objects.order_by("slug")
+    filterset_class = GroupFilter
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         serializer.instance = services.group_save(
@@ -95,6 +114,7 @@ class RepViewSet(
     required_scope = "manage"
     lookup_value_regex = r"[0-9]+"  # int() would read "1_0" as rep 10, "+1" or a full-width "１" as rep 1
     queryset = Rep.objects.order_by("id")
+    filterset_class = RepFilter
 
     def perform_create(self, serializer: serializers.BaseSerializer) -> None:
         serializer.instance = services.rep_save(rep=Rep(**serializer.validated_data), actor=actor_of(self.request))

@@ -547,3 +547,46 @@ def test_an_edit_of_an_object_deleted_meanwhile_is_a_404_and_does_not_bring_it_b
     model = type(obj)
     assert not model.objects.filter(pk=obj.pk).exists()
     assert model in (Group, Rep, RoutingRule)
+
+
+def test_groups_reps_and_rules_are_listed_by_the_filters_a_client_would_try(api, make_group):
+    """`?active=false` used to be ignored (every rep came back, all active), and a rules list
+    `?group=apac` held every group's rules."""
+    emea, (ada, bob) = make_group(2, slug="emea", is_default=True)
+    apac, _ = make_group(1, slug="apac", active=False)
+    assert api.patch(f"/api/v1/reps/{bob.id}/", {"active": False}, format="json").status_code == 200
+    for slug, group in (("DE", emea), ("JP", apac)):
+        api.post(
+            "/api/v1/rules/",
+            {
+                "name": slug,
+                "priority": 1,
+                "group": group.slug,
+                "conditions": [{"field": "country", "op": "in", "value": [slug]}],
+            },
+            format="json",
+        )
+
+    def listed(path: str, key: str) -> list:
+        r = api.get(path)
+        assert r.status_code == 200, r.content
+        return [row[key] for row in r.json()["results"]]
+
+    assert listed("/api/v1/reps/?active=false", "id") == [bob.id]
+    assert ada.id in listed("/api/v1/reps/?active=true", "id") and bob.id not in listed(
+        "/api/v1/reps/?active=true", "id"
+    )
+    assert listed("/api/v1/groups/?active=false", "slug") == ["apac"]
+    assert listed("/api/v1/groups/?is_default=true", "slug") == ["emea"]
+    assert listed("/api/v1/rules/?group=apac", "name") == ["JP"]
+    assert listed("/api/v1/rules/?group=emea&active=true", "name") == ["DE"]
+    assert listed("/api/v1/rules/?group=nowhere", "name") == []
+    # A value that is not one, given empty or twice: a 400 naming it, never the whole list.
+    for path, name in [
+        ("/api/v1/reps/?active=no", "active"),
+        ("/api/v1/reps/?active=", "active"),
+        ("/api/v1/groups/?active=true&active=false", "active"),
+        ("/api/v1/rules/?group=", "group"),
+    ]:
+        r = api.get(path)
+        assert r.status_code == 400 and name in r.json(), (path, r.content)
