@@ -157,9 +157,7 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
 
     def validate_position(self, position: int | None) -> int | None:
         if position is None:
-            if self.instance is not None:  # a member keeps a place: it moves, it is not emptied
-                raise serializers.ValidationError("This field may not be null.")
-            return None
+            return None  # appended; a member's moves to the end (validate)
         taken = Membership.objects.filter(group=self.context["group"], position=position)
         if self.instance is not None:
             taken = taken.exclude(pk=self.instance.pk)
@@ -170,14 +168,22 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "position" in attrs and attrs["position"] is None:
             del attrs["position"]  # left out or null: appended
+            if self.instance is not None:
+                # A member's position emptied: to the end of the rotation, placed as a joiner
+                # is (as the admin's position left empty).
+                attrs[TO_END] = True
         return attrs
 
 
+# In a PATCH's validated data: the member moves to the end (its position given as null).
+TO_END = "to_end"
+
+
 class MembershipUpdateSerializer(MembershipSerializer):
-    """The body of a PATCH, for the schema: the member stays (the URL names it)."""
+    """The body of a PATCH, for the schema: the member stays (the URL names it); a position
+    of null moves it to the end of the rotation."""
 
     def get_fields(self) -> dict[str, Any]:
         fields = super().get_fields()
         fields["rep"].read_only = True
-        fields["position"].allow_null = False
         return fields

@@ -18,6 +18,7 @@ from routing_project.exceptions import Conflict
 from routing_project.filters import StrictFilterSet, TrueFalseFilter
 
 from .serializers import (
+    TO_END,
     GroupSerializer,
     GroupUpdateSerializer,
     MembershipSerializer,
@@ -181,11 +182,13 @@ class MembershipViewSet(
     def perform_update(self, serializer: serializers.BaseSerializer) -> None:
         membership = serializer.instance
         assert isinstance(membership, Membership)
-        for name, value in serializer.validated_data.items():
+        fields = dict(serializer.validated_data)  # type: ignore[arg-type]
+        to_end = bool(fields.pop(TO_END, False))
+        for name, value in fields.items():
             setattr(membership, name, value)
         try:
             services.membership_update(
-                membership=membership, actor=actor_of(self.request), changed=_changed(serializer)
+                membership=membership, actor=actor_of(self.request), changed=list(fields), to_end=to_end
             )
         except Membership.DoesNotExist as exc:
             raise NotFound(str(exc)) from None

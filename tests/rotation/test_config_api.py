@@ -384,14 +384,18 @@ def test_a_weighted_member_added_back_with_another_weight_is_a_new_joiner(api, m
 
 def test_a_member_posted_with_a_null_position_is_appended(api, make_group):
     """A position left empty (null, as a form or a client library sends an unset field) was a
-    400, where the admin appends the member: appended too, while a PATCH cannot empty it."""
+    400, where the admin appends the member: appended too; and a member's position emptied
+    by a PATCH moves it to the end, as the admin's position left empty does."""
     group, (a, b) = make_group(2, slug="pool")
     c = RepFactory()
     r = api.post("/api/v1/groups/pool/members/", {"rep": c.id, "position": None}, format="json")
     assert r.status_code == 201 and r.json()["position"] == 2, r.content
-    r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": None}, format="json")
-    assert r.status_code == 400 and "position" in r.json(), r.content
-    assert Membership.objects.get(group=group, rep=a).position == 0
+    r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": None, "weight": 2}, format="json")
+    assert r.status_code == 200 and r.json()["position"] == 3 and r.json()["weight"] == 2, r.content
+    order = list(Membership.objects.filter(group=group).order_by("position").values_list("rep_id", flat=True))
+    assert order == [b.id, c.id, a.id]
+    event = AuditEvent.objects.filter(type="membership.changed").latest("id")
+    assert event.explanation["changes"] == {"position": 3, "weight": 2}, event.explanation
 
 
 def test_appending_past_the_highest_position_is_a_400_naming_it(api, make_group):
