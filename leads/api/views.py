@@ -160,6 +160,12 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
     def get_queryset(self) -> QuerySet[Lead]:
         return Lead.objects.select_related("group", "owner").order_by("-id")
 
+    def get_serializer_class(self) -> type[serializers.BaseSerializer]:
+        # OPTIONS describes what a POST takes (its `actions.POST`), not the lead it answers.
+        if self.action == "metadata" and self.request.method == "POST":
+            return LeadInSerializer
+        return super().get_serializer_class()
+
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         """Intake starts on the process's last known configuration, without reading its version
         first: the routing transaction checks it before writing, and any other answer is

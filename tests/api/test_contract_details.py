@@ -234,3 +234,12 @@ def test_a_format_parameter_naming_no_offered_format_is_a_406_not_a_404(api, met
     assert not Lead.objects.exists()
     assert api.get("/api/v1/groups/?format=json").status_code == 200
     assert Client().get("/api/schema/?format=json")["Content-Type"].startswith("application/vnd.oai.openapi+json")
+
+
+def test_options_on_the_leads_list_describes_what_a_post_takes(api):
+    """It described the lead a POST answers: every field read-only, the email not required."""
+    r = api.options("/api/v1/leads/")
+    assert r.status_code == 200, r.content
+    post = r.json()["actions"]["POST"]
+    assert post["email"]["required"] is True and post["email"]["read_only"] is False
+    assert post["attributes"]["read_only"] is False and "status" not in post and "id" not in post
