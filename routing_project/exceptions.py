@@ -30,6 +30,15 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
+class InFlight(Conflict):
+    """A request with the same Idempotency-Key is being answered: a 409 with Retry-After, the
+    time after which the retry is most likely replayed."""
+
+    def __init__(self, detail: str | None = None, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = retry_after
+
+
 class Unprocessable(exceptions.APIException):
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     default_detail = "Unprocessable request."
@@ -79,6 +88,6 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
             "The service is misconfigured; its operator has been told. Retry later.", retry_after=60
         )
     response = exception_handler(exc, context)
-    if response is not None and isinstance(exc, ServiceUnavailable):
+    if response is not None and isinstance(exc, ServiceUnavailable | InFlight):
         response["Retry-After"] = str(exc.retry_after)
     return response

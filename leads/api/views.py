@@ -31,7 +31,7 @@ from leads.models import ApiClient, Lead, LeadStatus
 from leads.routing import RoutingBusy
 from rotation.models import Group, Strategy
 from routing_project import configcache
-from routing_project.exceptions import Conflict, ServiceUnavailable, Unprocessable
+from routing_project.exceptions import InFlight, ServiceUnavailable, Unprocessable
 from routing_project.filters import SlugFilter, StrictFilterSet, UtcDateTimeFilter
 
 from .action_views import ACTION_SCOPES, LeadActionsMixin
@@ -217,7 +217,7 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
                     client=client, key=key, fingerprint=services.request_fingerprint(request.data)
                 )
             except services.IdempotencyConflict:
-                raise Conflict("A request with this Idempotency-Key is still in flight.") from None
+                raise InFlight("A request with this Idempotency-Key is still in flight.") from None
             except services.IdempotencyMismatch:
                 raise Unprocessable("This Idempotency-Key was used with a different request body.") from None
             if isinstance(claimed, services.Replay):
@@ -247,7 +247,7 @@ class LeadViewSet(LeadActionsMixin, mixins.ListModelMixin, mixins.RetrieveModelM
             raise ServiceUnavailable("The group's rotation is busy; retry shortly.", retry_after=1) from None
         except services.IdempotencyConflict:
             # This request outlived its claim and a retry took the key over: nothing was written.
-            raise Conflict("A request with this Idempotency-Key is still in flight.") from None
+            raise InFlight("A request with this Idempotency-Key is still in flight.") from None
         except BaseException:
             if claim is not None:
                 services.idempotency_release(claim)
