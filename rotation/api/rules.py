@@ -71,7 +71,15 @@ SLUG = re.compile(r"[-a-zA-Z0-9_]{1,64}")
 
 @extend_schema_field(CONDITIONS_SCHEMA)
 class ConditionsField(serializers.JSONField):
-    pass
+    def to_representation(self, value: Any) -> Any:
+        # Each condition as `field`, `op`, `value`, however it is stored (PostgreSQL's jsonb
+        # keeps keys by length: `op` first), so a rule reads the same when saved and read.
+        if isinstance(value, list):
+            value = [
+                {**{k: c[k] for k in ("field", "op", "value") if k in c}, **c} if isinstance(c, dict) else c
+                for c in value
+            ]
+        return super().to_representation(value)
 
 
 class GroupSlugField(serializers.SlugRelatedField):

@@ -594,3 +594,16 @@ def test_groups_reps_and_rules_are_listed_by_the_filters_a_client_would_try(api,
     ]:
         r = api.get(path)
         assert r.status_code == 400 and name in r.json(), (path, r.content)
+
+
+def test_a_rules_conditions_read_back_in_the_order_they_were_saved(api, make_group):
+    """PostgreSQL's jsonb orders an object's keys by length: a rule read back listed `op`
+    before `field`, unlike the answer to its POST."""
+    make_group(1, slug="emea")
+    body = {"name": "FR", "group": "emea", "conditions": [{"field": "country", "op": "in", "value": ["FR"]}]}
+    created = api.post("/api/v1/rules/", body, format="json")
+    assert created.status_code == 201, created.content
+    read = api.get(f"/api/v1/rules/{created.json()['id']}/")
+    listed = api.get("/api/v1/rules/").json()["results"][0]
+    for answer in (created.json(), read.json(), listed):
+        assert [list(c) for c in answer["conditions"]] == [["field", "op", "value"]], answer
