@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import Q
@@ -668,11 +668,16 @@ def _report(
             }
         )
     return {
-        "since": since.isoformat(),
-        "until": until.isoformat(),
+        "since": _utc(since),
+        "until": _utc(until),
         "group": group,
         "config": config or {},
         "turns": turns,
         "changed": changed,
         "groups": out,
     }
+
+
+def _utc(moment: datetime) -> str:
+    """In UTC with a Z, as the API writes every time."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -174,6 +174,12 @@ def replay(api, **body):
     return r.json()
 
 
+def test_replay_gives_its_window_in_utc_with_a_z_as_every_time_the_api_writes(api, make_group):
+    make_group(1, slug="pool")
+    result = replay(api, since="2026-01-05T09:00:00+01:00", until="2026-01-05T10:00:00+01:00")
+    assert (result["since"], result["until"]) == ("2026-01-05T08:00:00Z", "2026-01-05T09:00:00Z")
+
+
 def counts(result, slug):
     (g,) = [g for g in result["groups"] if g["group"] == slug]
     return {r["rep"]["id"]: (r["actual"], r["proposed"]) for r in g["reps"]}, g
