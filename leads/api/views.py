@@ -74,8 +74,10 @@ class IdField(forms.IntegerField):
     (ten) and "١" (Arabic-Indic one), none of which is how the API writes an id."""
 
     def to_python(self, value: Any) -> int | None:
-        if isinstance(value, str) and value.strip() and not (value.strip().isascii() and value.strip().isdigit()):
-            raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
+        if isinstance(value, str) and value.strip():
+            digits = value.strip().removeprefix("-")  # a negative id: out of range, said so
+            if not (digits.isascii() and digits.isdigit()):
+                raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
         return super().to_python(value)
 
 

@@ -116,6 +116,13 @@ def test_an_owner_filter_is_a_rep_id_written_in_ascii_digits(api, path, owner):
     assert "owner" in r.json()
 
 
+@pytest.mark.parametrize("owner", ["-1", "0"])
+def test_an_owner_filter_out_of_range_says_so(api, owner):
+    """A negative id was answered "Enter a whole number.", which it is."""
+    r = api.get("/api/v1/leads/", {"owner": owner})
+    assert r.status_code == 400 and "greater than or equal to 1" in r.json()["owner"][0], r.content
+
+
 def test_json_types_follow_the_schema_a_field_is_documented_with():
     from decimal import Decimal
 
