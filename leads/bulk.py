@@ -233,15 +233,17 @@ def leads_import(
     notify_reps: bool = True,
     progress: Callable[[int], None] | None = None,
     parallel: bool = False,
+    import_id: str | None = None,
 ) -> ImportReport:
     """Imports and routes the leads of a CSV stream (an open text file, newline="").
 
     `parallel`: validate in a forked process (the command line); else in a thread.
-    `progress(rows)` is called after each batch with the rows it read.
+    `progress(rows)` is called after each batch with the rows it read. `import_id`: the
+    caller's (which it can name if the import is cut short), else a new one.
 
     Outside a request (the command line), the import id is the request id of every log line
     while it runs, as it is of its audit events: one id finds both, as a task's id does."""
-    import_id = new_import_id()
+    import_id = import_id or new_import_id()
     token = request_id_var.set(import_id) if request_id_var.get() == "-" else None
     try:
         steps = leads_import_steps(

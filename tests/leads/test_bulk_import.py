@@ -3,6 +3,7 @@ batches under one rotation lock per group per batch, with intake's audit explana
 
 import io
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -542,6 +543,9 @@ def test_the_command_interrupted_says_what_is_imported_and_exits_130(make_group,
         call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2")
     assert caught.value.returncode == 130
     assert Lead.objects.count() == 4
+    # The import id its events carry is named, so that its lines and events can be found.
+    import_id = re.search(r"import id (import-[0-9a-f]{12})", str(caught.value)).group(1)
+    assert AuditEvent.objects.filter(type="lead.received", explanation__import=import_id).count() == 4
     monkeypatch.undo()
 
     def counting_interrupted(name):

@@ -6,7 +6,15 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from leads.bulk import BATCH_SIZE, MAX_ERRORS_KEPT, ImportFormatError, count_rows, csv_text, leads_import
+from leads.bulk import (
+    BATCH_SIZE,
+    MAX_ERRORS_KEPT,
+    ImportFormatError,
+    count_rows,
+    csv_text,
+    leads_import,
+    new_import_id,
+)
 
 
 class Command(BaseCommand):
@@ -64,6 +72,7 @@ class Command(BaseCommand):
             file=self.stderr._out,
         )
         committed = 0
+        import_id = new_import_id()  # named however the import ends: its lines and events carry it
 
         def progress(rows: int) -> None:
             nonlocal committed
@@ -79,6 +88,7 @@ class Command(BaseCommand):
                     notify_reps=not options["no_notify"],
                     progress=progress,
                     parallel=not options["no_parallel"],
+                    import_id=import_id,
                 )
             # The total was counted in lines: a quoted cell over several lines, or a blank line,
             # is not a row of its own. The bar ends at the rows read, full.
@@ -87,13 +97,13 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         except KeyboardInterrupt:
             # Each batch is its own transaction: say what is in, not a traceback.
-            raise CommandError(f"Interrupted: {self._so_far(committed)}", returncode=130) from None
+            raise CommandError(f"Interrupted: {self._so_far(committed, import_id)}", returncode=130) from None
         except Exception as exc:
             # A database error past the retries (a rotation row held too long, the server gone):
             # as the admin upload says it. --traceback shows the whole of it.
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             problem = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
-            raise CommandError(f"The import stopped ({problem}): {self._so_far(committed)}") from exc
+            raise CommandError(f"The import stopped ({problem}): {self._so_far(committed, import_id)}") from exc
         finally:
             bar.close()
         elapsed = time.perf_counter() - started
@@ -113,9 +123,9 @@ class Command(BaseCommand):
         self.stdout.write(f"{report.summary()} in {elapsed:.1f} s ({rate:.0f} rows/s), import id {report.import_id}")
 
     @staticmethod
-    def _so_far(committed: int) -> str:
+    def _so_far(committed: int, import_id: str) -> str:
         return (
-            f"the first {committed} rows are imported (their batches were committed), the batch in "
-            "progress was rolled back. Run the same file again to import the rest: rows whose "
-            "external_id is already imported are skipped."
+            f"the first {committed} rows are imported (their batches were committed, import id "
+            f"{import_id}), the batch in progress was rolled back. Run the same file again to import "
+            "the rest: rows whose external_id is already imported are skipped."
         )
