@@ -249,3 +249,12 @@ def test_compose_names_the_public_address_and_the_mail_server():
     for name in ("PUBLIC_BASE_URL", "EMAIL_HOST", "EMAIL_PORT", "DEFAULT_FROM_EMAIL"):
         assert name in environment, name
     assert environment["PUBLIC_BASE_URL"].startswith("${PUBLIC_BASE_URL:-")
+
+
+def test_nothing_in_compose_empties_the_metrics_directory_the_running_services_write_to():
+    """`migrate` emptied it: run in a release beside the running web and workers, it deleted
+    their sample files, and their counts vanished from /metrics until they restarted."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name, service in services.items():
+        command = " ".join(service.get("command") or [])
+        assert "rm " not in command and "leadrouter-metrics" not in command, (name, command)
