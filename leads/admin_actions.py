@@ -266,7 +266,23 @@ def accept_for_owner(modeladmin: admin.ModelAdmin, request: HttpRequest, queryse
 
 
 def _close_action(outcome: str) -> Action:
-    def close(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
+    def close(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> HttpResponse | None:
+        if "apply" not in request.POST:
+            # A closed lead is never routed again: the manager confirms on a page listing them,
+            # as the lead page's own "Close…" asks for the outcome first.
+            context = {
+                **modeladmin.admin_site.each_context(request),
+                "title": f"Close leads as {outcome}",
+                "outcome": outcome,
+                "leads": queryset.select_related("group", "owner").order_by("id")[:200],
+                "count": queryset.count(),
+                "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+                "select_across": request.POST.get("select_across") == "1",
+                "action": f"close_{outcome}",
+                "opts": modeladmin.model._meta,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(request, "admin/leads/close_confirm.html", context)
         actor = admin_actor(request)
         _run_each(
             modeladmin,
@@ -277,6 +293,7 @@ def _close_action(outcome: str) -> Action:
             ),
             f"closed as {outcome}",
         )
+        return None
 
     close.__name__ = f"close_{outcome}"
     return admin.action(description=f"Close selected leads as {outcome}", permissions=["change"])(bounded(close))

@@ -52,7 +52,13 @@ def test_queue_assign_without_a_reason_shows_the_form_again(api, make_group, man
 
 def test_queue_bulk_close_and_reroute(api, make_group, manager):
     group, reps, ids = queued_leads(api, make_group, 3)
-    r = manager.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids[:1]})
+    # A page first, listing what will be closed; nothing is closed until it is confirmed.
+    page = manager.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids[:1]})
+    assert page.status_code == 200 and "Close 1 lead as disqualified" in page.content.decode()
+    assert f"#{ids[0]}" in page.content.decode() and Lead.objects.get(pk=ids[0]).status == "queued"
+    r = manager.post(
+        "/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids[:1], "apply": "1"}
+    )
     assert r.status_code == 302
     assert Lead.objects.get(pk=ids[0]).outcome == "disqualified"
     assert AuditEvent.objects.get(type="lead.closed", lead_id=ids[0]).actor == "admin:maria"
@@ -110,6 +116,8 @@ def test_select_all_over_more_leads_than_an_action_takes_is_refused_before_anyth
     if action == "assign_to_rep":
         assert "Assign 4 leads" in r.content.decode()
     if action == "close_disqualified":
+        assert "Close 4 leads as disqualified" in r.content.decode()
+        manager.post(url, {**post, "apply": "1"})
         assert Lead.objects.filter(pk__in=ids, outcome="disqualified").count() == 4
 
 
@@ -120,7 +128,7 @@ def test_a_bulk_action_that_fails_on_many_leads_says_how_many(api, make_group, m
     ids = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"] for _ in range(30)]
     for lead_id in ids[:25]:
         api.post(f"/api/v1/leads/{lead_id}/close/", {"outcome": "won"}, format="json")
-    r = manager.post("/admin/leads/lead/", {"action": "close_lost", "_selected_action": ids}, follow=True)
+    r = manager.post("/admin/leads/lead/", {"action": "close_lost", "_selected_action": ids, "apply": "1"}, follow=True)
     shown = [str(m) for m in r.context["messages"]]
     assert shown[0] == "5 lead(s) closed as lost."
     assert shown[1].startswith(f"Not done for 25 lead(s): #{ids[0]}: "), shown[1]
@@ -457,7 +465,7 @@ def test_managers_without_change_permission_cannot_act(api, make_group, client, 
     assert client.post(f"/admin/leads/lead/{ids[0]}/close/", {"outcome": "won"}).status_code == 403
     page = client.get(f"/admin/leads/lead/{ids[0]}/change/").content.decode()
     assert "/close/" not in page and "/reassign/" not in page and f"?lead_id={ids[0]}" in page
-    client.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids})
+    client.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids, "apply": "1"})
     assert Lead.objects.get(pk=ids[0]).status == "queued"
 
 
@@ -565,6 +573,8 @@ def test_an_action_on_a_lead_locked_past_the_lock_timeout_says_to_retry(
     post = {"action": action, "_selected_action": ids}
     if action == "assign_to_rep":
         post.update({"apply": "1", "rep": reps[1].id, "reason": "on call"})
+    if action.startswith("close_"):
+        post["apply"] = "1"  # the confirmation page's answer
     before = (list(Lead.objects.values()), AuditEvent.objects.count())
     outcome: dict = {}
 
@@ -750,7 +760,7 @@ def test_a_queued_leads_page_offers_what_a_manager_can_do_and_no_save(api, make_
     assert manager.post(url, {"_save": "Save"}).status_code == 403
     assert Lead.objects.get(pk=ids[0]).status == "queued"
     # The list's actions still run from the queue page.
-    manager.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids})
+    manager.post("/admin/leads/queuedlead/", {"action": "close_disqualified", "_selected_action": ids, "apply": "1"})
     assert Lead.objects.get(pk=ids[0]).status == "closed"
     # Who may only read sees no "Assign…" leading to a 403.
     viewer = User.objects.create_user("viewer", password="pw-viewer-123", is_staff=True)

@@ -385,7 +385,7 @@ def test_only_managers_reassign_and_work_the_queue(role, allowed, lead):
     assert (Lead.objects.get(pk=lead.pk).owner_id == rep_id) == allowed
     # The bulk actions are offered to managers only; a forged POST of one does nothing.
     before = Lead.objects.get(pk=lead.pk).owner_id
-    client.post("/admin/leads/lead/", {"action": "close_lost", "_selected_action": [lead.pk]})
+    client.post("/admin/leads/lead/", {"action": "close_lost", "_selected_action": [lead.pk], "apply": "1"})
     after = Lead.objects.get(pk=lead.pk)
     assert (after.status == "closed") == allowed
     if not allowed:
