@@ -17,13 +17,14 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from audit.models import AuditEvent
-from rotation.eligibility import reason_in_words
+from rotation.eligibility import eligibility, reason_in_words
 from rotation.models import Group, Membership, Rep
 
-from . import actions
+from . import actions, routing
 from .models import Lead, LeadStatus, QueuedLead
 from .routing import RoutingBusy
 
@@ -57,8 +58,28 @@ class AssignForm(forms.Form):
             # The leads' group's members first: among every rep of the company, alphabetical,
             # the manager could not tell who works the group (a rep outside it is still offered).
             members = dict(Membership.objects.filter(group=group).values_list("rep_id", "active"))
+            # Each member the rotation would step over now says why (paused, out of office,
+            # off hours, at a cap), as the rotation view does: the manager sees it before
+            # choosing, not in a warning after the assignment.
+            now = timezone.now()
+            why_not = {}
+            for f in routing.member_facts(group, now):
+                eligible, reason = eligibility(f, now)
+                if not eligible:
+                    why_not[f.rep_id] = reason_in_words(reason, f.rep_timezone)
             reps = [(rep.pk, field.label_from_instance(rep)) for rep in cast(QuerySet[Rep], field.queryset)]
-            ours = [(pk, label if members[pk] else f"{label} (paused here)") for pk, label in reps if pk in members]
+            ours = [
+                (
+                    pk,
+                    f"{label} (paused here)"
+                    if not members[pk]
+                    else f"{label} ({why_not[pk]})"
+                    if pk in why_not
+                    else label,
+                )
+                for pk, label in reps
+                if pk in members
+            ]
             field.choices = [
                 ("", field.empty_label),
                 (f"Members of {group.slug}", ours),

@@ -358,7 +358,9 @@ def test_assigning_a_queued_lead_to_a_rep_out_of_office_warns_the_manager(page: 
     page.locator("#result_list tbody tr", has_text="Away Corp").locator("input.action-select").check()
     page.select_option("select[name=action]", "assign_to_rep")
     page.click("button[name=index]")
-    page.select_option("select[name=rep]", label="Lucia Gomez")
+    # The choice itself says she is away, before the manager picks her.
+    expect(page.locator(f"select[name=rep] option[value='{away.pk}']")).to_contain_text("Lucia Gomez (out of office")
+    page.select_option("select[name=rep]", value=str(away.pk))
     page.fill("[name=reason]", "her account")
     page.click("input[type=submit][value=Assign]")
     expect(page.locator(".messagelist .success")).to_contain_text("assigned to Lucia Gomez")

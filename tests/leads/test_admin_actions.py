@@ -863,8 +863,9 @@ def test_a_queued_leads_pages_say_assign_and_close_without_an_assignment_to_end(
 
 def test_the_rep_choices_offer_the_leads_groups_members_first(api, make_group, manager):
     """Every active rep of the company, alphabetically: a manager giving a queued lead to
-    someone in its group had to know who that was. The group's members come first (paused
-    ones said so), the other reps after them; the bulk action does so when the leads share a group."""
+    someone in its group had to know who that was. The group's members come first (paused,
+    away, off hours or full ones said so), the other reps after them; the bulk action does so
+    when the leads share a group."""
     from rotation.models import Rep
 
     group, reps, ids = queued_leads(api, make_group, 2)  # emea's two members, both paused
@@ -877,7 +878,8 @@ def test_the_rep_choices_offer_the_leads_groups_members_first(api, make_group, m
     members = html.split('<optgroup label="Members of emea">')[1].split("</optgroup>")[0]
     others = html.split('<optgroup label="Other reps">')[1].split("</optgroup>")[0]
     assert f'<option value="{reps[0].pk}">Zoe Member (paused here)</option>' in members
-    assert f'<option value="{reps[1].pk}">{reps[1].name}</option>' in members
+    # One the rotation would step over says why, before the manager picks it.
+    assert f'<option value="{reps[1].pk}">{reps[1].name} (at max_open cap (0/0))</option>' in members
     assert f'<option value="{other.pk}">Aaron Outsider</option>' in others and "Zoe" not in others
     # One is still picked by its id, from either list.
     r = manager.post(f"/admin/leads/lead/{ids[0]}/reassign/", {"rep": other.pk, "reason": "cover"})
