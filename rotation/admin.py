@@ -338,8 +338,12 @@ class AbsenceInline(admin.TabularInline):
         where = f"In the rep's time zone ({obj.timezone})." if obj is not None else "In the rep's time zone."
         if obj is not None and timezone.get_current_timezone_name() != obj.timezone:
             where = f"In UTC: an absence of this rep has no time in its time zone ({obj.timezone})."
-        for name in ("starts_at", "ends_at"):
+        # The zone in the column headers too: a tabular inline shows help text only on hover,
+        # and a time typed as the browser's clock reads (another zone) saved without a hint.
+        zone = f" ({timezone.get_current_timezone_name()})" if obj is not None else " (the rep's time zone)"
+        for name, label in (("starts_at", "Starts at"), ("ends_at", "Ends at")):
             formset.form.base_fields[name].help_text = where
+            formset.form.base_fields[name].label = label + zone
         return formset
 
 
@@ -521,6 +525,17 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
             services.absence_update(absence=obj, actor=actor, changed=changed)
         for obj in formset.new_objects:
             services.absence_add(absence=obj, actor=actor)
+        # Saved as typed, but said: an absence already over (its times read in the rep's zone,
+        # not the browser's) keeps nobody out of the rotation.
+        now = timezone.now()
+        for obj in [*formset.new_objects, *(o for o, _ in formset.changed_objects)]:
+            if obj.ends_at <= now:
+                zone = timezone.get_current_timezone_name()
+                messages.warning(
+                    request,
+                    f"The absence ending {timezone.localtime(obj.ends_at):%Y-%m-%d %H:%M} ({zone}) is already over:"
+                    " it keeps the rep out of no rotation. Its times are read in the rep's time zone.",
+                )
 
 
 class RoutingRuleForm(forms.ModelForm):

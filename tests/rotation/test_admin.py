@@ -347,6 +347,31 @@ def test_a_reps_absences_are_entered_and_shown_in_the_reps_time_zone(staff):
     page = staff.get(f"/admin/rotation/rep/{rep.pk}/change/").content.decode()
     assert 'value="09:00:00"' in page and 'value="18:00:00"' in page
     assert "In the rep&#x27;s time zone (Europe/Paris)." in page
+    # In the columns' headings too, which a tabular inline shows (its help text only on hover).
+    assert "Starts at (Europe/Paris)" in page and "Ends at (Europe/Paris)" in page
+
+
+def test_an_absence_saved_already_over_is_said_to_keep_nobody_out(staff):
+    """Typed as the browser's clock reads for a rep in a zone hours ahead, an absence was over
+    when saved, and the rep stayed in the rotation without a word."""
+    rep = RepFactory(name="Mei Wang", email="mei@example.com", timezone="Asia/Tokyo")
+    form = {
+        "name": rep.name,
+        "email": rep.email,
+        "timezone": rep.timezone,
+        "active": "on",
+        "working_hours": "null",
+        **inline_management("absences", 1, 0),
+        "absences-0-rep": str(rep.pk),
+        "absences-0-starts_at_0": "2020-01-10",
+        "absences-0-starts_at_1": "09:00:00",
+        "absences-0-ends_at_0": "2020-01-14",
+        "absences-0-ends_at_1": "18:00:00",
+        "absences-0-reason": "holiday",
+    }
+    response = staff.post(f"/admin/rotation/rep/{rep.pk}/change/", form, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert any("The absence ending 2020-01-14 18:00 (Asia/Tokyo) is already over" in m for m in shown), shown
 
 
 def test_a_new_reps_absences_are_in_the_time_zone_it_is_created_with(staff):
