@@ -182,12 +182,14 @@ def _run_each(
         except actions.ActionRejected as exc:
             failed.append(f"#{lead.pk}: {'; '.join(m for ms in exc.errors.values() for m in ms)}")
     if ok:
-        modeladmin.message_user(request, f"{ok} lead(s) {done}.", messages.SUCCESS)
+        modeladmin.message_user(request, f"{ok} lead{'s' if ok != 1 else ''} {done}.", messages.SUCCESS)
     if failed:
         # Every refusal counted, the first 20 said: a manager must not read 20 as all of them.
         more = f" and {len(failed) - 20} more." if len(failed) > 20 else ""
         modeladmin.message_user(
-            request, f"Not done for {len(failed)} lead(s): " + " ".join(failed[:20]) + more, messages.ERROR
+            request,
+            f"Not done for {len(failed)} lead{'s' if len(failed) != 1 else ''}: " + " ".join(failed[:20]) + more,
+            messages.ERROR,
         )
 
 

@@ -271,7 +271,7 @@ def test_two_managers_assign_the_same_queued_lead_the_second_is_told(browser, li
         page.select_option("select[name=rep]", label=rep)
         page.fill("[name=reason]", "covering the queue")
         page.click("input[type=submit][value=Assign]")
-    expect(pages[0].locator(".messagelist")).to_contain_text("1 lead(s) assigned to Ana Souza")
+    expect(pages[0].locator(".messagelist")).to_contain_text("1 lead assigned to Ana Souza")
     expect(pages[1].locator(".messagelist .error")).to_contain_text(f"#{lead['id']}: no longer in the queue")
 
     assigned = Lead.objects.get(pk=lead["id"])

@@ -86,7 +86,7 @@ def test_assigning_every_queued_lead_across_pages_assigns_them_all(api, make_gro
     data = form_of(page)  # what the browser posts back from the confirmation page
     data.update({"rep": [str(reps[1].id)], "reason": ["whole queue to the on-call rep"]})
     done = manager.post(url, data, follow=True)
-    assert [str(m) for m in done.context["messages"]][0] == f"130 lead(s) assigned to {reps[1].name}."
+    assert [str(m) for m in done.context["messages"]][0] == f"130 leads assigned to {reps[1].name}."
     assert set(Lead.objects.filter(pk__in=ids).values_list("status", "owner_id")) == {("assigned", reps[1].id)}
 
 
@@ -130,8 +130,8 @@ def test_a_bulk_action_that_fails_on_many_leads_says_how_many(api, make_group, m
         api.post(f"/api/v1/leads/{lead_id}/close/", {"outcome": "won"}, format="json")
     r = manager.post("/admin/leads/lead/", {"action": "close_lost", "_selected_action": ids, "apply": "1"}, follow=True)
     shown = [str(m) for m in r.context["messages"]]
-    assert shown[0] == "5 lead(s) closed as lost."
-    assert shown[1].startswith(f"Not done for 25 lead(s): #{ids[0]}: "), shown[1]
+    assert shown[0] == "5 leads closed as lost."
+    assert shown[1].startswith(f"Not done for 25 leads: #{ids[0]}: "), shown[1]
     assert f"#{ids[19]}: " in shown[1] and f"#{ids[20]}: " not in shown[1]
     assert shown[1].endswith(" and 5 more."), shown[1]
 
@@ -179,7 +179,7 @@ def test_assigning_a_lead_that_no_group_holds_does_not_call_the_rep_not_eligible
         follow=True,
     )
     shown = [str(m) for m in r.context["messages"]]
-    assert shown == [f"1 lead(s) assigned to {reps[0].name}."], shown
+    assert shown == [f"1 lead assigned to {reps[0].name}."], shown
     event = AuditEvent.objects.get(type="lead.reassigned", lead_id=lead["id"])
     text = event_summary(type=event.type, explanation=event.explanation, rep_id=event.rep_id, names={})
     assert "member" not in text, text
@@ -196,7 +196,7 @@ def test_assigning_many_leads_to_a_rep_not_eligible_now_names_the_first_20(api, 
         follow=True,
     )
     shown = [str(m) for m in r.context["messages"]]
-    assert shown[0] == f"25 lead(s) assigned to {reps[0].name}."
+    assert shown[0] == f"25 leads assigned to {reps[0].name}."
     warning = shown[1]
     first = ", ".join(f"#{pk}" for pk in sorted(ids)[:20])
     assert warning.startswith(f"{reps[0].name} is not eligible now (paused in this group): {first} and 5 more will"), (
@@ -222,7 +222,7 @@ def test_assigning_leads_past_a_reps_cap_warns_once_for_them_all(api, make_group
     shown = [str(m) for m in r.context["messages"]]
     over = ", ".join(f"#{pk}" for pk in sorted(ids)[2:])
     assert shown == [
-        f"5 lead(s) assigned to {reps[0].name}.",
+        f"5 leads assigned to {reps[0].name}.",
         # Three leads: "them" and "their SLA" (it said "take it or its SLA escalates" of three).
         f"{reps[0].name} is not eligible now (over its max_open cap of 2): {over} will wait with them until they "
         "can take them or their SLA escalates.",
@@ -689,7 +689,7 @@ def test_a_manager_marks_leads_accepted_for_their_owner(api, make_group, manager
 
     r = manager.post("/admin/leads/lead/", {"action": "accept_for_owner", "_selected_action": ids}, follow=True)
     shown = [str(m) for m in r.context["messages"]]
-    assert shown[0] == "2 lead(s) marked accepted by their owner.", shown
+    assert shown[0] == "2 leads marked accepted by their owner.", shown
     assert f"#{ids[1]}: " in shown[1] and f"#{ids[3]}: no rep holds it (it is queued)." in shown[1], shown
 
     for lead_id in (ids[0], ids[2]):
@@ -707,7 +707,7 @@ def test_a_manager_marks_leads_accepted_for_their_owner(api, make_group, manager
     # Marked again, a lead already accepted is said to be so, not counted as "marked accepted".
     r = manager.post("/admin/leads/lead/", {"action": "accept_for_owner", "_selected_action": ids[:1]}, follow=True)
     shown = [str(m) for m in r.context["messages"]]
-    assert shown == [f"Not done for 1 lead(s): #{ids[0]}: already accepted by its owner."], shown
+    assert shown == [f"Not done for 1 lead: #{ids[0]}: already accepted by its owner."], shown
     assert AuditEvent.objects.filter(type="lead.accepted", lead_id=ids[0]).count() == 1
 
 
@@ -830,7 +830,7 @@ def test_route_again_says_where_each_lead_went(api, make_group, manager):
         "/admin/leads/lead/", {"action": "reroute", "_selected_action": [held["id"], moved["id"]]}, follow=True
     )
     text = r.content.decode()
-    assert "2 lead(s) routed again." in text
+    assert "2 leads routed again." in text
     stored = {pk: Lead.objects.get(pk=pk) for pk in (held["id"], moved["id"])}
     for pk, lead in stored.items():
         stays = (
