@@ -1,3 +1,4 @@
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -195,7 +196,7 @@ ROUTING_FACTS = ("country", "region", "source", "product", "score", "company_siz
 class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
     # Who, where it stands, with whom and until when, first: on a laptop, beside the menu and
     # the filters, the columns past the SLA are the ones scrolled to.
-    list_display = ("id", "email", "status", "owner", "sla_due_at", "group", "company", "created_at", "escalations")
+    list_display = ("id", "email", "status", "owner", "sla_due", "group", "company", "created_at", "escalations")
     # Dates by range (today, past 7 days, this month, this year) rather than a date hierarchy,
     # whose drill-down reads every lead's date on each page view.
     list_filter = (
@@ -243,6 +244,12 @@ class LeadAdmin(LeadSearchMixin, LeadActionsAdminMixin, admin.ModelAdmin):
         ("Times", {"fields": ("created_at", "assigned_at", "accepted_at", "closed_at", "sla_due_at")}),
         ("Raw", {"classes": ("collapse",), "fields": ("raw_payload", "email_normalized", "api_client")}),
     )
+
+    @admin.display(description="SLA due at", ordering="sla_due_at")
+    def sla_due(self, obj: Lead) -> datetime | None:
+        """Only while the SLA runs (assigned, not yet accepted): a closed or accepted lead's due
+        time read as a deadline still pending."""
+        return obj.sla_due_at if obj.status == LeadStatus.ASSIGNED else None
 
     @admin.display(description="Attributes")
     def attributes_text(self, obj: Lead) -> str:

@@ -387,3 +387,18 @@ def test_a_date_in_the_address_that_names_no_day_says_the_address_is_wrong(api, 
         # Where it leads, the list says its filter was left out (Django's own page said nothing).
         shown = manager.get(response["Location"]).content.decode()
         assert "The address held a filter this list cannot apply" in shown, url
+
+
+def test_the_leads_list_shows_an_sla_due_time_only_while_the_sla_runs(api, make_group, manager):
+    """A closed (or accepted) lead kept its due time in the list, read as a deadline pending."""
+    make_group(1, slug="emea", sla_minutes="30")
+    open_id, closed_id = (
+        api.post("/api/v1/leads/", {"email": f"{n}@sla.example", "group": "emea"}, format="json").json()["id"]
+        for n in ("open", "closed")
+    )
+    assert api.post(f"/api/v1/leads/{closed_id}/close/", {"outcome": "won"}, format="json").status_code == 200
+    html = manager.get("/admin/leads/lead/").content.decode()
+    rows = {
+        int(m.group(1)): m.group(0) for m in re.finditer(r"<tr>.*?/admin/leads/lead/(\d+)/change/.*?</tr>", html, re.S)
+    }
+    assert 'class="field-sla_due">-<' not in rows[open_id] and 'class="field-sla_due">-<' in rows[closed_id]
