@@ -460,7 +460,7 @@ def test_a_manager_sees_each_leads_status_owner_and_sla_on_a_laptop_without_scro
         page.goto(f"{live}/admin/leads/lead/")
         table = page.locator("#changelist .results").bounding_box()
         assert table is not None
-        for column in ("status", "owner", "sla_due_at"):
+        for column in ("status", "owner", "sla_due"):
             box = page.locator(f"#result_list thead th.column-{column}").bounding_box()
             assert box is not None and box["x"] + box["width"] <= table["x"] + table["width"] + 1, column
     finally:
