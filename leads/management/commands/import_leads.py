@@ -67,7 +67,7 @@ class Command(BaseCommand):
         bar = tqdm(
             total=total,
             unit="lead",
-            unit_scale=True,
+            unit_scale=False,  # whole leads (scaled, a small file read "0.00/2.00")
             disable=options["no_progress"],
             file=self.stderr._out,
         )
