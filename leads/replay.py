@@ -373,6 +373,8 @@ def routing_replay(
     actual_in_window: Counter[tuple[str, int]] = Counter()
     baseline_cache: dict[tuple[str, Any, int, datetime | None], int] = {}
     changed = in_scope = 0
+    queued_because: dict[str, Counter[str]] = defaultdict(Counter)
+    moves: Counter[tuple[str, str]] = Counter()  # (the group routing used, the replay's): decisions
     given: dict[int, tuple[str, int]] = {}  # the leads the replay has given a rep: group and rep
     seen: set[int] = set()  # the leads the replay has decided (or a manager reassigned) so far
     queued_none = "(no group)"
@@ -460,6 +462,13 @@ def routing_replay(
             else:
                 target = default_group
         picked: int | None = None
+        why_queued = ""
+        if target is None:
+            why_queued = "no rule matched and there is no default group"
+        elif target not in groups:
+            why_queued = f"no group '{target}' now"
+        elif not groups[target].active:
+            why_queued = f"group '{target}' inactive"
         if not drained_already and target is not None and target in groups and groups[target].active:
             same_group = target == actual_group
             if same_group:
@@ -477,7 +486,7 @@ def routing_replay(
                     holding = given.get(lead_id)
                 elif ex.get("from_group") and isinstance(ex.get("from_rep"), int):
                     holding = (ex["from_group"], ex["from_rep"])  # decided before the window
-            picked = _replay_turn(
+            picked, why_queued = _replay_turn(
                 run=run,
                 recorded={c["rep"]: c for c in ex.get("candidates", [])} if same_group else {},
                 at=at,
@@ -488,6 +497,10 @@ def routing_replay(
             )
         if not drained_already:
             proposed[target or queued_none][picked] += 1
+            if picked is None:
+                queued_because[target or queued_none][why_queued] += 1
+            if (target or queued_none) != (actual_group or queued_none):
+                moves[(actual_group or queued_none, target or queued_none)] += 1
         if turn["lead_id"] is not None and not drained_already:
             seen.add(turn["lead_id"])
             if picked is not None and target is not None:
@@ -522,6 +535,8 @@ def routing_replay(
         turns=in_scope,
         changed=changed,
         queued_none=queued_none,
+        queued_because=queued_because,
+        moves=moves,
     )
 
 
@@ -556,11 +571,12 @@ def _replay_turn(
     counts: Counts,
     owner: int | None = None,
     holding: int | None = None,
-) -> int | None:
+) -> tuple[int | None, str]:
     """The member the decision goes to: as at intake (leads/ownership.py), the account `owner`
     when it is a member eligible then (the rotation does not move), else the rotation, or
     nobody when the group keeps such leads for the owner. A reroute that picks the member
-    `holding` the lead leaves it with them: nothing is given out, the rotation does not move."""
+    `holding` the lead leaves it with them: nothing is given out, the rotation does not move.
+    With nobody, why, in words (the report counts the reasons)."""
     g = run.config
     day = routing.day_start(at, g.timezone)
     candidates: list[strategies.Candidate] = []
@@ -603,16 +619,22 @@ def _replay_turn(
         candidates.append(strategies.Candidate(m.rep_id, m.position, m.weight, ok, why, open_))
     if owner is not None:
         if any(c.rep_id == owner and c.eligible for c in candidates):
-            return owner
+            return owner, ""
         # As at intake: a lead is never kept for an owner who already had it.
         had_it = any(c.rep_id == owner and c.reason.startswith("already had this lead") for c in candidates)
         if not g.owner_fallback and not had_it:
-            return None
+            return None, "kept for its account's owner, not eligible then"
     pick = strategies.pick(g.strategy, candidates, run.pointer, run.weights)
     if pick.rep_id is not None and pick.rep_id != holding:
         run.pointer = pick.pointer
         run.weights = pick.current_weights if g.strategy == Strategy.WEIGHTED else {}
-    return pick.rep_id
+    if pick.rep_id is not None:
+        return pick.rep_id, ""
+    if not candidates:
+        return None, "no member then (its members joined after the decision)" if g.members else "no members"
+    # The reason of most members, as the rotation view words it (counts and dates left out).
+    reasons = Counter(c.reason.split(" (")[0] for c in candidates)
+    return None, f"no eligible member ({reasons.most_common(1)[0][0]})"
 
 
 def _report(
@@ -627,9 +649,15 @@ def _report(
     turns: int,
     changed: int,
     queued_none: str,
+    queued_because: Mapping[str, Counter[str]],
+    moves: Counter[tuple[str, str]],
 ) -> dict[str, Any]:
     current = _current_groups()
     slugs: list[str] = [group] if group is not None else sorted(set(actual) | set(proposed))
+
+    def shown(slug: str) -> str:
+        return "none" if slug == queued_none else slug  # the leads no group takes
+
     out = []
     names = {m.rep_id: (m.name, m.email) for g in current.values() for m in g.members.values()}
     seen: set[int | None] = set()
@@ -664,6 +692,11 @@ def _report(
                 "actual_total": sum(a.values()),
                 "proposed_total": sum(p.values()),
                 "queued": {"actual": a.get(None, 0), "proposed": p.get(None, 0)},
+                # Why the replay queued what it queued here, and the decisions the rules now send
+                # to another group or bring from one: the totals reconcile with `actual_total`.
+                "proposed_queued_because": dict(queued_because.get(slug, Counter()).most_common()),
+                "moved_to": {shown(to): n for (fr, to), n in sorted(moves.items()) if fr == slug},
+                "moved_from": {shown(fr): n for (fr, to), n in sorted(moves.items()) if to == slug},
                 "reps": reps,
             }
         )

@@ -117,6 +117,18 @@ class ReplayGroupSerializer(serializers.Serializer):
     actual_total = serializers.IntegerField()
     proposed_total = serializers.IntegerField()
     queued = ReplayCountsSerializer(help_text="Decisions that ended in the fallback queue.")
+    proposed_queued_because = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Why the replay queued the decisions it queued here: reason -> count.",
+    )
+    moved_to = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Decisions routing took here that the replay routes to another group (none: no group): slug, count.",
+    )
+    moved_from = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Decisions routing took elsewhere that the replay routes here: slug -> count.",
+    )
     reps = ReplayRepSerializer(many=True)
 
 

@@ -566,6 +566,34 @@ def test_a_proposed_rule_into_a_group_idle_in_the_window_starts_from_its_rotatio
     assert RotationState.objects.get(group=fr).pointer == Membership.objects.get(group=fr, rep=f2).position
 
 
+def test_a_replay_says_why_it_queues_and_where_the_rules_now_send_each_groups_decisions(api, make_group):
+    """Proposed rules sending a window's leads to a team made after it: every lead came back
+    queued with no reason (its members were not members then), and a group's totals did not
+    reconcile with the leads moved to another group."""
+    make_group(2, slug="emea", is_default=True)
+    since = timezone.now()
+    for _ in range(3):
+        post(api, country="FR")
+    post(api, country="DE")
+    make_group(2, slug="france")  # made after the window's decisions
+    rules = [
+        {
+            "name": "FR",
+            "priority": 1,
+            "conditions": [{"field": "country", "op": "in", "value": ["FR"]}],
+            "group": "france",
+        }
+    ]
+    result = replay(api, since=since.isoformat(), config={"rules": rules})
+    groups = {g["group"]: g for g in result["groups"]}
+    emea, france = groups["emea"], groups["france"]
+    assert (emea["actual_total"], emea["proposed_total"], emea["moved_to"]) == (4, 1, {"france": 3})
+    assert (france["actual_total"], france["proposed_total"], france["moved_from"]) == (0, 3, {"emea": 3})
+    assert france["queued"] == {"actual": 0, "proposed": 3}
+    assert france["proposed_queued_because"] == {"no member then (its members joined after the decision)": 3}
+    assert emea["proposed_queued_because"] == {} and emea["moved_from"] == {} and france["moved_to"] == {}
+
+
 def test_a_group_busy_in_the_window_starts_from_its_rotation_before_the_window(api, make_group):
     """A lead a proposed rule moves into a group that routed leads of its own later in the
     window takes that group's rotation from where it stood when the window began, not from

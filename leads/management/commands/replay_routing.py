@@ -82,3 +82,9 @@ class Command(BaseCommand):
                 )
             q = g["queued"]
             self.stdout.write(f"  {'(queued)':<24} {'':>8} {q['actual']:>7} {q['proposed']:>9}")
+            for reason, n in g["proposed_queued_because"].items():
+                self.stdout.write(f"    queued in the replay: {n} ({reason})")
+            for slug, n in g["moved_to"].items():
+                self.stdout.write(f"    {n} sent to {slug} by the proposal")
+            for slug, n in g["moved_from"].items():
+                self.stdout.write(f"    {n} brought from {slug} by the proposal")
