@@ -592,6 +592,10 @@ def test_a_replay_says_why_it_queues_and_where_the_rules_now_send_each_groups_de
     assert france["queued"] == {"actual": 0, "proposed": 3}
     assert france["proposed_queued_because"] == {"no member then (its members joined after the decision)": 3}
     assert emea["proposed_queued_because"] == {} and emea["moved_from"] == {} and france["moved_to"] == {}
+    out = io.StringIO()  # the command says the same
+    call_command("replay_routing", "--since", since.isoformat(), "--config", json.dumps({"rules": rules}), stdout=out)
+    assert "3 sent to france by the proposal" in out.getvalue() and "3 brought from emea" in out.getvalue()
+    assert "queued in the replay: 3 (no member then (its members joined after the decision))" in out.getvalue()
 
 
 def test_a_group_busy_in_the_window_starts_from_its_rotation_before_the_window(api, make_group):
