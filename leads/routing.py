@@ -341,8 +341,14 @@ def decide(
     for d in described:
         if d["rep"] == picked.rep_id:
             d["reason"] = "chosen"
+        elif d["eligible"] and strategy != "least_loaded":
+            d["reason"] = "not next in rotation"
         elif d["eligible"]:
-            d["reason"] = "not next in rotation" if strategy != "least_loaded" else "more open leads or later in order"
+            # Which of the two: the load, or the order among members as lightly loaded.
+            if chosen is not None and d.get("open", 0) > chosen.open:
+                d["reason"] = f"more open leads ({d['open']} against {chosen.open})"
+            else:
+                d["reason"] = "as few open leads, later in the rotation order"
     return Decision(
         rep_id=picked.rep_id,
         rep_name=chosen.rep_name if chosen else "",

@@ -402,3 +402,25 @@ def test_weighted_exact_over_every_window_after_a_weight_change(pairs, turns):
     before, after = [b for b, _ in pairs], [a for _, a in pairs]
     picks = reweighted(before, turns, after, 3 * sum(after))
     assert exact_windows(after, picks), (before, turns, after, picks)
+
+
+def test_a_least_loaded_decision_says_for_each_member_passed_over_whether_load_or_order_did_it():
+    """Each one not chosen read "more open leads or later in order": which of the two was left
+    to the reader."""
+    from django.utils import timezone
+
+    from leads.routing import decide
+    from rotation.eligibility import MemberFacts
+
+    facts = [
+        MemberFacts(1, "Ann", "a@x", 0, 1, True, True, open=1),
+        MemberFacts(2, "Bob", "b@x", 1, 1, True, True, open=1),
+        MemberFacts(3, "Cy", "c@x", 2, 1, True, True, open=4),
+    ]
+    decision = decide(strategy="least_loaded", pointer=0, current_weights={}, facts=facts, now=timezone.now())
+    reasons = {c["rep"]: c["reason"] for c in decision.candidates}
+    assert reasons == {
+        1: "chosen",
+        2: "as few open leads, later in the rotation order",
+        3: "more open leads (4 against 1)",
+    }
