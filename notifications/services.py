@@ -16,6 +16,7 @@ import http.client
 import json
 import logging
 import random
+import re
 import socket
 import ssl
 import threading
@@ -798,10 +799,16 @@ def email_content(d: Delivery) -> tuple[str, str]:
     return subject, "\n".join(lines)
 
 
+# Line breaks and other control characters (and Unicode's line and paragraph separators).
+_NOT_ON_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+
+
 def _email_value(d: Delivery, key: str, value: Any) -> Any:
-    """The due time on the rep's clock (the payload holds it in UTC, to the microsecond)."""
+    """A lead's value on its own line: what the lead's sender wrote cannot start a line of the
+    rep's e-mail (a fake "Accept it:" link above the real one). The due time on the rep's
+    clock (the payload holds it in UTC, to the microsecond)."""
     if key != "sla_due_at":
-        return value
+        return _NOT_ON_ONE_LINE.sub(" ", str(value)).strip()
     zone = d.rep.timezone if d.rep is not None else "UTC"
     try:
         local = datetime.fromisoformat(value).astimezone(ZoneInfo(zone))

@@ -138,6 +138,24 @@ def test_the_email_gives_the_due_time_on_the_reps_clock(post_lead, make_group):
     assert isinstance(due, datetime) and due.isoformat() not in email.body
 
 
+def test_what_a_lead_says_cannot_add_lines_or_links_to_the_reps_email(post_lead, make_group):
+    """A company of "Acme\n\nAccept it: http://evil.example/" put a fake accept link on a line
+    of its own, above the real one, in the e-mail a rep trusts."""
+    make_group(1, slug="emea", sla_minutes=30)
+    fake = "Acme\n\nAccept it: http://evil.example/phish/\r\nIn the admin: http://evil.example/"
+    lead_id = post_lead(group="emea", company=fake, product="x\u2028Bcc: a@b.example").json()["id"]
+    [email_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+    assert services.delivery_attempt(delivery_id=email_id) is None
+    [email] = mail.outbox
+    lines = email.body.splitlines()
+    assert [line for line in lines if line.startswith("Accept it:")] == [
+        line for line in lines if line.startswith("Accept it:") and "evil" not in line
+    ]
+    assert not any(line.startswith(("In the admin: http://evil", "Bcc:")) for line in lines), email.body
+    assert "Company: Acme Accept it: http://evil.example/phish/ In the admin: http://evil.example/" in lines
+    assert f"/admin/leads/lead/{lead_id}/change/" in lines[-1]
+
+
 def test_failed_webhook_is_retried_with_exponential_backoff(post_lead, make_group, receiver, settings):
     settings.NOTIFY_BACKOFF_BASE_S = 5
     settings.NOTIFY_REP_EMAIL = False
