@@ -88,6 +88,7 @@ def test_once_the_lead_moved_the_old_owners_link_shows_no_contact_and_accepts_no
     page = Client().get(path)
     assert page.status_code == 409
     assert lead.email not in page.content.decode() and "no longer yours" in page.content.decode()
+    assert "Accept before" not in page.content.decode()  # the new owner's deadline is not theirs
     assert Client().post(path).status_code == 409
     assert Lead.objects.get(pk=lead.pk).status == "assigned"
 
