@@ -15,6 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
+from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -22,7 +23,7 @@ from django.utils.html import format_html
 
 from audit.models import AuditEvent
 from rotation.eligibility import eligibility, reason_in_words
-from rotation.models import Group, Membership, Rep
+from rotation.models import Group, Rep
 
 from . import actions, routing
 from .models import Lead, LeadStatus, QueuedLead
@@ -57,33 +58,23 @@ class AssignForm(forms.Form):
         if group is not None:
             # The leads' group's members first: among every rep of the company, alphabetical,
             # the manager could not tell who works the group (a rep outside it is still offered).
-            members = dict(Membership.objects.filter(group=group).values_list("rep_id", "active"))
             # Each member the rotation would step over now says why (paused, out of office,
             # off hours, at a cap), as the rotation view does: the manager sees it before
             # choosing, not in a warning after the assignment.
             now = timezone.now()
-            why_not = {}
+            notes: dict[int, str] = {}  # every member: why it is stepped over ("" if it is not)
             for f in routing.member_facts(group, now):
                 eligible, reason = eligibility(f, now)
-                if not eligible:
-                    why_not[f.rep_id] = reason_in_words(reason, f.rep_timezone)
+                if eligible:
+                    notes[f.rep_id] = ""
+                else:
+                    notes[f.rep_id] = "paused here" if not f.member_active else reason_in_words(reason, f.rep_timezone)
             reps = [(rep.pk, field.label_from_instance(rep)) for rep in cast(QuerySet[Rep], field.queryset)]
-            ours = [
-                (
-                    pk,
-                    f"{label} (paused here)"
-                    if not members[pk]
-                    else f"{label} ({why_not[pk]})"
-                    if pk in why_not
-                    else label,
-                )
-                for pk, label in reps
-                if pk in members
-            ]
+            ours = [(pk, f"{label} ({notes[pk]})" if notes[pk] else label) for pk, label in reps if pk in notes]
             field.choices = [
                 ("", field.empty_label),
                 (f"Members of {group.slug}", ours),
-                ("Other reps", [(pk, label) for pk, label in reps if pk not in members]),
+                ("Other reps", [(pk, label) for pk, label in reps if pk not in notes]),
             ]
 
 
@@ -182,13 +173,13 @@ def _run_each(
         except actions.ActionRejected as exc:
             failed.append(f"#{lead.pk}: {'; '.join(m for ms in exc.errors.values() for m in ms)}")
     if ok:
-        modeladmin.message_user(request, f"{ok} lead{'s' if ok != 1 else ''} {done}.", messages.SUCCESS)
+        modeladmin.message_user(request, f"{ok} lead{pluralize(ok)} {done}.", messages.SUCCESS)
     if failed:
         # Every refusal counted, the first 20 said: a manager must not read 20 as all of them.
         more = f" and {len(failed) - 20} more." if len(failed) > 20 else ""
         modeladmin.message_user(
             request,
-            f"Not done for {len(failed)} lead{'s' if len(failed) != 1 else ''}: " + " ".join(failed[:20]) + more,
+            f"Not done for {len(failed)} lead{pluralize(len(failed))}: " + " ".join(failed[:20]) + more,
             messages.ERROR,
         )
 
