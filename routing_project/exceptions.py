@@ -14,14 +14,18 @@ logger = logging.getLogger(__name__)
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL: lock_timeout ran out
 
 
-class ServiceUnavailable(exceptions.APIException):
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_detail = "The service is busy; retry shortly."
-    default_code = "busy"
+class RetryAfter(exceptions.APIException):
+    """An answer that tells the client when to retry: its `Retry-After` (seconds)."""
 
     def __init__(self, detail: str | None = None, retry_after: int = 1) -> None:
         super().__init__(detail)
         self.retry_after = retry_after
+
+
+class ServiceUnavailable(RetryAfter):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The service is busy; retry shortly."
+    default_code = "busy"
 
 
 class Conflict(exceptions.APIException):
@@ -30,13 +34,9 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
-class InFlight(Conflict):
+class InFlight(RetryAfter, Conflict):
     """A request with the same Idempotency-Key is being answered: a 409 with Retry-After, the
     time after which the retry is most likely replayed."""
-
-    def __init__(self, detail: str | None = None, retry_after: int = 1) -> None:
-        super().__init__(detail)
-        self.retry_after = retry_after
 
 
 class Unprocessable(exceptions.APIException):
@@ -88,6 +88,6 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
             "The service is misconfigured; its operator has been told. Retry later.", retry_after=60
         )
     response = exception_handler(exc, context)
-    if response is not None and isinstance(exc, ServiceUnavailable | InFlight):
+    if response is not None and isinstance(exc, RetryAfter):
         response["Retry-After"] = str(exc.retry_after)
     return response
