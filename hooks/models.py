@@ -6,24 +6,11 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from leads.models import LEAD_DATA_FIELDS
 from security.fields import SealedField
 
 # The lead fields a source may map its form fields to (plus `attributes.<key>`).
-LEAD_FIELDS = (
-    "email",
-    "first_name",
-    "last_name",
-    "company",
-    "phone",
-    "country",
-    "region",
-    "source",
-    "product",
-    "score",
-    "company_size",
-    "group",
-    "external_id",
-)
+LEAD_FIELDS = (*LEAD_DATA_FIELDS, "group")
 
 
 def field_map_problems(field_map: Any) -> list[str]:

@@ -57,6 +57,23 @@ OPEN_STATUSES = (LeadStatus.ASSIGNED, LeadStatus.ACCEPTED)
 # A new lead whose email matches one of these (within the dedup window) is a duplicate.
 DEDUP_STATUSES = (LeadStatus.ASSIGNED, LeadStatus.ACCEPTED, LeadStatus.QUEUED)
 
+# What a lead says of its contact and of itself, in the order the API, the webhook payload and
+# a web form's field map list them.
+LEAD_DATA_FIELDS = (
+    "email",
+    "first_name",
+    "last_name",
+    "company",
+    "phone",
+    "country",
+    "region",
+    "source",
+    "product",
+    "score",
+    "company_size",
+    "external_id",
+)
+
 
 class Lead(models.Model):
     class Outcome(models.TextChoices):

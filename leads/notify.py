@@ -15,25 +15,10 @@ from notifications.models import OutboxMessage
 from notifications.services import outbox_announce_on_commit, outbox_message
 from rotation.models import Group
 
-from .models import Lead
+from .models import LEAD_DATA_FIELDS, Lead
 
 # The lead's fields in a webhook payload (the owner is added at delivery time).
-PAYLOAD_FIELDS = (
-    "id",
-    "status",
-    "email",
-    "first_name",
-    "last_name",
-    "company",
-    "phone",
-    "country",
-    "region",
-    "source",
-    "product",
-    "score",
-    "company_size",
-    "external_id",
-)
+PAYLOAD_FIELDS = ("id", "status", *LEAD_DATA_FIELDS)
 TIME_FIELDS = ("created_at", "assigned_at", "sla_due_at")
 
 

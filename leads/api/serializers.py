@@ -8,7 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from audit.models import AuditEvent
-from leads.models import Lead
+from leads.models import LEAD_DATA_FIELDS, Lead
 from leads.services import group_by_slug
 from rotation.models import Group
 from rotation.rules import COUNTRY_CODES, MAX_ATTRIBUTE_KEY
@@ -145,18 +145,7 @@ class LeadSerializer(serializers.ModelSerializer):
             "closed_at",
             "outcome",
             "escalations",
-            "email",
-            "first_name",
-            "last_name",
-            "company",
-            "phone",
-            "country",
-            "region",
-            "source",
-            "product",
-            "score",
-            "company_size",
-            "external_id",
+            *LEAD_DATA_FIELDS,
             "attributes",
         ]
         read_only_fields = fields
