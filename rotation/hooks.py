@@ -21,6 +21,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import Event
+from routing_project import configcache
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,10 @@ def _after_commit(callbacks: list[Any], group_ids: Iterable[int], *args: Any) ->
         return
 
     def run() -> None:
+        # The request that made the change read the configuration before it (its token, at
+        # the start): from here on it reads the committed one, its own change included (a
+        # group just made the default takes the leads no rule matches).
+        configcache.refresh()
         for callback in list(callbacks):
             try:
                 callback(ids, *args)

@@ -546,6 +546,22 @@ def test_making_a_group_the_default_routes_the_leads_queued_for_want_of_one(api,
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_group_made_the_default_over_the_api_takes_the_leads_no_rule_matches(api, make_group, published):
+    """The request that makes the group the default read the configuration before its change
+    (its token, at the start): the drain it runs once committed routes under the new one."""
+    group, reps = make_group(2, slug="emea")
+    orphan = post(api, country="BR")
+    assert (orphan["status"], orphan["group"]) == ("queued", None)
+    r = api.patch("/api/v1/groups/emea/", {"is_default": True}, format="json")
+    assert r.status_code == 200, r.content
+    lead = Lead.objects.get(pk=orphan["id"])
+    assert (lead.status, lead.group_id, lead.owner_id) == ("assigned", group.id, reps[0].id)
+    (event,) = AuditEvent.objects.filter(lead_id=lead.id, type="lead.rerouted")
+    assert (event.explanation["group_source"], event.explanation["group"]) == ("default", "emea")
+    assert published == []
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_change_that_frees_much_capacity_leaves_the_rest_to_the_worker(api, make_group, published, settings):
     settings.QUEUE_DRAIN_INLINE = 2
     group, (rep,) = make_group(1, slug="emea")
