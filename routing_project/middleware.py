@@ -101,6 +101,31 @@ class AdminListGuardMiddleware:
         return None
 
 
+class DatabaseUnavailableMiddleware:
+    """A page outside the API (a rep's accept link, the admin) whose database went away or
+    refused answers 503 with Retry-After, as the API does (routing_project.exceptions), not a
+    500: the request wrote nothing it did not commit, and trying again shortly works once the
+    database is back. After AdminListGuardMiddleware, which says more of an admin lock timeout."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, OperationalError):
+            return None
+        logging.getLogger(__name__).warning("database unavailable: %s", type(exception).__name__)
+        unavailable = HttpResponse(
+            "The database is unavailable; nothing was changed. Try again in a moment.",
+            status=503,
+            content_type="text/plain; charset=utf-8",
+        )
+        unavailable["Retry-After"] = "2"
+        return unavailable
+
+
 def _is_lock_timeout(exception: Exception) -> bool:
     return isinstance(exception, OperationalError) and getattr(exception.__cause__, "sqlstate", None) == "55P03"
 

@@ -136,6 +136,8 @@ MIDDLEWARE = [
     "routing_project.middleware.NoStoreMiddleware",
     "routing_project.middleware.BodySizeLimitMiddleware",
     "routing_project.middleware.ApiTrailingSlashMiddleware",
+    # process_exception runs bottom-up: the admin's own answers first, then any page's 503.
+    "routing_project.middleware.DatabaseUnavailableMiddleware",
     "routing_project.middleware.AdminListGuardMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -2,10 +2,12 @@
 link is signed, expires, and works only while that rep owns the lead; GET changes nothing."""
 
 import re
+import socket
 import time
 
 import pytest
 from django.core import mail
+from django.db import connection
 from django.test import Client
 
 from audit.models import AuditEvent
@@ -135,3 +137,24 @@ def test_a_lead_locked_right_now_is_a_503_to_retry_not_a_500(routed, monkeypatch
     r = Client().post(path)
     assert r.status_code == 503 and r["Retry-After"] == "1" and "try again" in r.content.decode()
     assert Lead.objects.get(pk=lead.pk).status == "assigned"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_link_opened_while_the_database_is_away_is_a_503_to_retry(routed, monkeypatch):
+    lead, _reps = routed
+    path = accept_path(lead_id=lead.id, rep_id=lead.owner_id)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: the connection is refused
+    params = connection.get_connection_params()
+    connection.close()
+    with monkeypatch.context() as m:
+        m.setattr(connection, "get_connection_params", lambda: {**params, "port": port})
+        for answer in (Client().get(path), Client().post(path)):
+            assert answer.status_code == 503 and answer["Retry-After"] == "2"
+            assert "database is unavailable" in answer.content.decode()
+    connection.close()
+    assert Client().post(path).status_code == 200  # the database back: the same link works
+    assert Lead.objects.get(pk=lead.id).status == "accepted"
