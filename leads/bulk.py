@@ -818,6 +818,10 @@ def _route_batch_locked(
             "line": lead.line,
         }
         events.append(Event(AuditEvent.Type.LEAD_RECEIVED, actor, v["id"], v["group_slug"], None, received))
+        # Intake's explanation, and where it came from: an upload's events carry its request's
+        # id, so its decisions are found by the import id only here.
+        lead.explanation["import"] = report.import_id
+        lead.explanation["line"] = lead.line
         events.append(Event(lead.kind, actor, v["id"], v["group_slug"], v["owner_id"], lead.explanation))
     for target, dup_slug, dup_owner, row, window in duplicates:
         target_id: int = target.values["id"] if isinstance(target, _NewLead) else target

@@ -427,7 +427,10 @@ def test_an_uploads_events_carry_the_request_id_of_its_page(admin_client, make_g
     assert "2 rows: 2 imported" in html_of(response)
     events = AuditEvent.objects.filter(type__startswith="lead.")
     assert events.count() == 4 and set(events.values_list("request_id", flat=True)) == {"upload-7"}
-    assert all(e.explanation.get("import", "").startswith("import-") for e in events.filter(type="lead.received"))
+    # Every event of the upload, its decisions too, names the import and the row's line.
+    assert len({e.explanation["import"] for e in events}) == 1
+    assert sorted(e.explanation["line"] for e in events) == [2, 2, 3, 3]
+    assert events.get(type="lead.received", explanation__line=2).explanation["import"].startswith("import-")
 
 
 def test_a_groups_queued_now_links_to_its_leads_in_the_queue(admin_client, make_group, post_lead):
