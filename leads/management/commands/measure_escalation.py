@@ -9,8 +9,10 @@
 2. Delay from due time to escalation: `--samples` assignments due in a few seconds, (a) on the
    timer path, (b) with no timer (the beat sweep alone).
 
-Writes rows into the configured database (a group named `measure-escalation`): run it on a
-scratch database, never on production. Needs Redis (`REDIS_URL`).
+Writes rows into the configured database (a group named `measure-escalation`) and empties the
+Redis database of `REDIS_URL` before and after (the broker's queues, timers and counters): run
+it on a scratch database, never on production. It refuses a Redis database that holds keys
+unless `--flush-redis` says to empty it.
 """
 
 from __future__ import annotations
@@ -66,11 +68,23 @@ class Command(BaseCommand):
         )
         parser.add_argument("--skip-naive", action="store_true", help="Do not publish every timer for contrast.")
         parser.add_argument("--skip-delay", action="store_true", help="Memory only.")
+        parser.add_argument(
+            "--flush-redis",
+            action="store_true",
+            help="Empty REDIS_URL's database even when it holds keys (another run's, or a live broker's).",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if not settings.CELERY_BROKER_URL.startswith("redis"):
             raise CommandError("Set REDIS_URL: this measures Celery on Redis.")
         self.redis = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        held = self.redis.dbsize()
+        if held and not opts["flush_redis"]:
+            raise CommandError(
+                f"The Redis database of REDIS_URL holds {held} keys, which this command would delete (a live "
+                "broker's queued timers and deliveries, its counters): point REDIS_URL at an empty database, "
+                "or pass --flush-redis if these keys are a scratch run's."
+            )
         self.redis.flushdb()
         group, reps = self.setup_group()
         worker = self.start_worker(beat=False)
