@@ -172,15 +172,32 @@ DATABASES = {"default": _database_url("DATABASE_URL", EMBEDDED_DATABASE_URL)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's backend, with a pool check that costs no round trip (routing_project/postgresql).
     DATABASES["default"]["ENGINE"] = "routing_project.postgresql"
+# Every database setting is read and checked whichever branch below uses it: a typo in one
+# that does not apply yet (the pool's, while the pool is off) would otherwise wait, unseen,
+# for the day it does.
+# SQLite hands its write lock to no waiter in order: the wait is long (under gunicorn's 30 s
+# timeout) so that a burst of intake waits its turn rather than failing as "busy".
+_busy_timeout = env.float("SQLITE_BUSY_TIMEOUT", default=20.0)
+_require(_busy_timeout > 0, "SQLITE_BUSY_TIMEOUT", _busy_timeout, "a number of seconds above 0")
+_pool_min, _pool_max = env.int("DB_POOL_MIN_SIZE", default=2), env.int("DB_POOL_MAX_SIZE", default=8)
+if _pool_min < 0 or _pool_max < max(_pool_min, 1):
+    # psycopg refuses such a pool only when the first request opens it: every request would
+    # be a 500 while /readyz, on a connection of its own, said ok.
+    raise ImproperlyConfigured(
+        f"DB_POOL_MIN_SIZE is {_pool_min} and DB_POOL_MAX_SIZE is {_pool_max}: "
+        "give a minimum of 0 or more and a maximum of at least 1 and at least the minimum."
+    )
+_pool_timeout = env.float("DB_POOL_TIMEOUT", default=10.0)
+# 0 or less: a request finding every connection borrowed fails at once, a 503 under any load.
+_require(_pool_timeout > 0, "DB_POOL_TIMEOUT", _pool_timeout, "a number of seconds above 0")
+_conn_max_age = env.int("CONN_MAX_AGE", default=60)
+_require(_conn_max_age >= 0, "CONN_MAX_AGE", _conn_max_age, "0 or more (s)")
+_pool_on = env.bool("DB_POOL", default=False)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE takes the write lock when the transaction begins, so two routing
     # transactions never interleave: SQLite's stand-in for the rotation row lock.
     # WAL: readers never wait for the writer, and a commit is an append, not a journal
-    # rewrite, so the write lock is held briefly. SQLite hands that lock to no waiter in
-    # order: the wait is long (under gunicorn's 30 s timeout) so that a burst of intake
-    # waits its turn rather than failing as "busy".
-    _busy_timeout = env.float("SQLITE_BUSY_TIMEOUT", default=20.0)
-    _require(_busy_timeout > 0, "SQLITE_BUSY_TIMEOUT", _busy_timeout, "a number of seconds above 0")
+    # rewrite, so the write lock is held briefly.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
             "transaction_mode": "IMMEDIATE",
@@ -188,34 +205,20 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
-elif env.bool("DB_POOL", default=False):
+elif _pool_on:
     # psycopg's connection pool, one per process (production turns it on): a request borrows
     # a connection and gives it back at its end, checked first (CONN_HEALTH_CHECKS: a look at
     # its socket, a round trip only when the server has spoken), so a restarted PostgreSQL
     # costs no failed request. Size it to the process's threads.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    _pool_min, _pool_max = env.int("DB_POOL_MIN_SIZE", default=2), env.int("DB_POOL_MAX_SIZE", default=8)
-    if _pool_min < 0 or _pool_max < max(_pool_min, 1):
-        # psycopg refuses such a pool only when the first request opens it: every request
-        # would be a 500 while /readyz, on a connection of its own, said ok.
-        raise ImproperlyConfigured(
-            f"DB_POOL_MIN_SIZE is {_pool_min} and DB_POOL_MAX_SIZE is {_pool_max}: "
-            "give a minimum of 0 or more and a maximum of at least 1 and at least the minimum."
-        )
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": _pool_min,
         "max_size": _pool_max,
-        "timeout": env.float("DB_POOL_TIMEOUT", default=10.0),
+        "timeout": _pool_timeout,
     }
-    _pool_timeout = DATABASES["default"]["OPTIONS"]["pool"]["timeout"]
-    # 0 or less: a request finding every connection borrowed fails at once, a 503 under any load.
-    _require(_pool_timeout > 0, "DB_POOL_TIMEOUT", _pool_timeout, "a number of seconds above 0")
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
-    _require(
-        DATABASES["default"]["CONN_MAX_AGE"] >= 0, "CONN_MAX_AGE", DATABASES["default"]["CONN_MAX_AGE"], "0 or more (s)"
-    )
+    DATABASES["default"]["CONN_MAX_AGE"] = _conn_max_age
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

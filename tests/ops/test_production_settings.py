@@ -234,6 +234,17 @@ def test_a_number_that_cannot_work_is_refused_by_name(name, value):
     assert last.startswith(f"Configuration error: {name} is ") and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "value"), [("DB_POOL_TIMEOUT", "abc"), ("DB_POOL_MIN_SIZE", "-1"), ("SQLITE_BUSY_TIMEOUT", "abc")]
+)
+def test_a_database_setting_is_checked_while_it_does_not_apply_yet(name, value):
+    """The pool off (and PostgreSQL, not SQLite): a typo there would wait, unseen, for the
+    day someone turns the pool on."""
+    done = _check_with(REDIS_URL="redis://127.0.0.1:6379/0", DB_POOL="false", **{name: value})
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].startswith(f"Configuration error: {name} is ")
+
+
 def test_the_web_server_refuses_a_setting_that_cannot_work_in_one_line():
     # gunicorn reads the settings in its configuration file (its logging): a traceback there
     # came under "Failed to read config file".
