@@ -50,15 +50,60 @@ _PHONE_PATTERNS = [
 ]
 _PATTERNS += _PHONE_PATTERNS
 
-# A query parameter named for contact data, or the admin's search box (`q`), in a URL a log
-# line carries (gunicorn's request line and Referer, runserver's, a login redirect's `next`,
-# where it is percent-encoded once more): its value goes whatever its shape, since national
-# phone formats (020 7946 0958) and names match none of the patterns above.
-_CONTACT_PARAM = re.compile(
-    r"(?i)(?:(?<=[?&;])|(?<=%3f)|(?<=%26))"
-    r"((?:q|email|phone|mobile|tel|telephone|first_name|last_name|name)(?:=|%3d))"
-    r"(?:(?!%26)[^&;\s\"'<>])+"
+# The query parameters the product's own API and admin pages take for filters, paging and
+# ordering (an admin filter's lookups too, `owner__id__exact`: the name before `__`). In a URL
+# a log line carries (gunicorn's request line and Referer, runserver's, a login redirect's
+# `next`, where the query is percent-encoded once more), every other parameter's value goes,
+# whatever its shape: one named for contact data (`email`, `phone`, the admin's search `q`),
+# or any name a client chose (`surname`, `contact`, `search`), since national phone formats
+# (020 7946 0958) and names match none of the patterns above.
+_SAFE_PARAMS = frozenset(
+    [
+        "page",
+        "page_size",
+        "p",
+        "o",
+        "e",
+        "all",
+        "_popup",
+        "_to_field",
+        "_facets",
+        "next",
+        "status",
+        "group",
+        "owner",
+        "active",
+        "is_default",
+        "since",
+        "until",
+        "created_after",
+        "created_at",
+        "at",
+        "type",
+        "strategy",
+        "source",
+        "channel",
+        "event",
+        "message",
+        "lead",
+        "rep",
+        "outcome",
+        "reason",
+    ]
 )
+# A value ends at the next parameter, plain or percent-encoded (%26 &, %3F ?): a `next`
+# keeps its path while the search inside it goes.
+_QUERY_PARAM = re.compile(
+    r"(?i)(?:(?<=[?&;])|(?<=%3f)|(?<=%26))([\w.\-\[\]]{1,64})(=|%3d)((?:(?!%26|%3f)[^&;\s\"'<>])+)"
+)
+
+
+def _query_value(match: re.Match[str]) -> str:
+    name = match.group(1).lower().split("__", 1)[0]
+    if name in _SAFE_PARAMS:
+        return match.group(0)
+    return f"{match.group(1)}{match.group(2)}{REDACTED}"
+
 
 # PostgreSQL writes the values of the row at fault into a constraint error's DETAIL: every
 # column of a lead (names, company, phone in any shape, the raw payload) for a check or
@@ -112,7 +157,7 @@ def _url_phones(match: re.Match[str]) -> str:
 def redact(text: str) -> str:
     for pattern, replacement in _DATABASE_VALUES:
         text = pattern.sub(replacement, text)
-    text = _CONTACT_PARAM.sub(rf"\1{REDACTED}", text)
+    text = _QUERY_PARAM.sub(_query_value, text)
     for pattern in _PATTERNS:
         text = pattern.sub(REDACTED, text)
     return _URL_TOKEN.sub(_url_phones, text)

@@ -207,19 +207,25 @@ def test_the_filter_redacts_phone_numbers_as_a_query_string_spells_them(query):
         ("first_name=Zeldaname&last_name=Quixotesurname", "first_name=[redacted]&last_name=[redacted]"),
         ("q=Zeldaname+Quixotesurname", "q=[redacted]"),  # the admin's search box
         ("status=queued&Phone=07700+900123", "status=queued&Phone=[redacted]"),
+        # Any name but the product's own filters: a client's own names for contact data too.
+        (
+            "search=Jane%20Roe&surname=Roe&contact=jane.roe&page=2",
+            "search=[redacted]&surname=[redacted]&contact=[redacted]&page=2",
+        ),
+        ("owner__id__exact=4&created_at__gte=2026-11-01", "owner__id__exact=4&created_at__gte=2026-11-01"),
         # The admin's login redirect keeps the search, percent-encoded, in `next`.
         ("next=/admin/leads/lead/%3Fq%3D020%2B7946%2B0958%26o%3D1", "next=/admin/leads/lead/%3Fq%3D[redacted]%26o%3D1"),
     ],
 )
 def test_the_filter_redacts_contact_query_parameters_whatever_their_value(query, redacted):
-    """A query parameter named for contact data (or the admin's search) holds contact data in
-    any spelling: national phone formats and names match no pattern, so the name decides."""
+    """A query parameter other than the product's own filters may hold contact data in any
+    spelling: national phone formats and names match no pattern, so the name decides."""
     line = redact(f'127.0.0.1 - - "GET /admin/leads/lead/?{query} HTTP/1.1" 200 80 "http://host/x?{query}"')
     assert line == f'127.0.0.1 - - "GET /admin/leads/lead/?{redacted} HTTP/1.1" 200 80 "http://host/x?{redacted}"'
 
 
 def test_the_filter_keeps_encoded_query_strings_without_a_phone_number():
-    for line in ("GET /x?ts=2026-11-29T20%3A00%3A00%2B00%3A00&n=12345678901234 200", "GET /x?a=1+2&b=50%25 200"):
+    for line in ("GET /x?since=2026-11-29T20%3A00%3A00%2B00%3A00&lead=12345678901234 200", "GET /x?o=1+2&p=50%25 200"):
         assert redact(line) == line
 
 
