@@ -27,7 +27,7 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     """A group's webhook receivers. The signing secret is shown once (on creation and on
     rotation) and never again, like intake sources' secrets."""
 
-    list_display = ("group", "url", "active", "unreachable_until", "secret_hint", "created_at")
+    list_display = ("group", "address", "active", "unreachable_until", "secret_hint", "created_at")
     list_filter = ("active", "group")
     list_select_related = ("group",)
     search_fields = ("url", "group__slug")
@@ -43,6 +43,11 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     readonly_fields = ("secret_hint", "secret_rotated_at", "old_secret_signs_until", "unreachable_until")
     actions = ["rotate_secret", "revoke_previous_secrets"]
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+
+    @admin.display(description="URL", ordering="url")
+    def address(self, obj: WebhookEndpoint) -> str:
+        # Its password masked: read over a shoulder, or on a shared screen (the edit form has it).
+        return url_shown(obj.url)
 
     @admin.display(description="Secret")
     def secret_hint(self, obj: WebhookEndpoint) -> str:
@@ -104,7 +109,7 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     def response_add(
         self, request: HttpRequest, obj: WebhookEndpoint, post_url_continue: str | None = None
     ) -> HttpResponse:
-        return self._show(request, f"Webhook endpoint for '{obj.group}' created", [(obj.url, obj.secret)])
+        return self._show(request, f"Webhook endpoint for '{obj.group}' created", [(url_shown(obj.url), obj.secret)])
 
     @admin.action(
         description="Rotate the signing secret (deliveries are signed under the old one too for 24 hours)",
@@ -113,7 +118,8 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     def rotate_secret(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> HttpResponse:
         actor = _actor(request)
         items = [
-            (endpoint.url, services.endpoint_rotate_secret(endpoint=endpoint, actor=actor)) for endpoint in queryset
+            (url_shown(endpoint.url), services.endpoint_rotate_secret(endpoint=endpoint, actor=actor))
+            for endpoint in queryset
         ]
         return self._show(
             request,

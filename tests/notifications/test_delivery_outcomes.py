@@ -112,8 +112,17 @@ def test_credentials_in_the_address_are_sent_as_basic_auth_and_shown_masked(
     url = receiver.url.replace("http://", "http://crm:p%40ss-w0rd@")
     r = admin_client.post("/admin/notifications/webhookendpoint/add/", {"group": group.pk, "url": url, "active": "on"})
     assert r.status_code == 200
+    assert "p%40ss" not in r.content.decode() and "crm:***@" in r.content.decode()  # the secret's page
     endpoint = WebhookEndpoint.objects.get(group=group)
     assert endpoint.url == url
+    listed = admin_client.get("/admin/notifications/webhookendpoint/").content.decode()
+    assert "p%40ss" not in listed and "crm:***@" in listed
+    rotated = admin_client.post(
+        "/admin/notifications/webhookendpoint/",
+        {"action": "rotate_secret", "_selected_action": [endpoint.pk]},
+    ).content.decode()
+    assert "p%40ss" not in rotated and "crm:***@" in rotated
+    endpoint.refresh_from_db()
     delivery_id = dispatched(group, reps[0], 7)
     assert services.delivery_attempt(delivery_id=delivery_id) is None
     [request] = receiver.requests
@@ -122,7 +131,7 @@ def test_credentials_in_the_address_are_sent_as_basic_auth_and_shown_masked(
     assert d.status == "sent"
     assert d.target == receiver.url.replace("http://", "http://crm:***@")
     assert "p%40ss" not in str(endpoint)
-    created = AuditEvent.objects.get(type=AuditEvent.Type.CLIENT_CHANGED)
+    created = AuditEvent.objects.get(type=AuditEvent.Type.CLIENT_CHANGED, explanation__change="created")
     assert "p%40ss" not in str(created.explanation) and "crm:***@" in created.explanation["url"]
 
     auditor = User.objects.create_user("auditor", password="x", is_staff=True)
