@@ -1187,6 +1187,8 @@ def open_duplicate(lead: Lead, email_normalized: str) -> Lead | None:
     if lead.status not in DEDUP_STATUSES:
         return None
     window = lead.group.dedup_days if lead.group is not None else 30
+    if not window:
+        return None  # the group keeps no window: each lead is one of its own
     since = timezone.now() - timedelta(days=window)
     return (
         Lead.objects.filter(email_normalized=email_normalized, status__in=DEDUP_STATUSES, created_at__gte=since)

@@ -771,7 +771,7 @@ def _route_batch_locked(
             duplicates.append((first, first.values["group_slug"], first.values["owner_id"], row, window))
             continue
         existing = open_by_email.get(row.email_normalized)
-        if existing is not None and existing[1] >= now - timedelta(days=window):
+        if window and existing is not None and existing[1] >= now - timedelta(days=window):
             slug = slugs.get(existing[2], "") if existing[2] else ""
             duplicates.append((existing[0], slug, existing[3], row, window))
             continue

@@ -614,8 +614,12 @@ def _intake_locked(
     window = _dedup_window(job)
     since = now - timedelta(days=window)
     existing = None
-    # Most leads are new: a cheap existence check first, the full load only for a duplicate.
-    if routing_sql.open_lead_may_exist(email_normalized=job.email_normalized, statuses=DEDUP_STATUSES, since=since):
+    # Most leads are new: a cheap existence check first, the full load only for a duplicate. A
+    # group that keeps no window (dedup_days 0) looks for none: `since` is now, taken before
+    # the email's lock, and a lead of the address committed meanwhile would be found.
+    if window and routing_sql.open_lead_may_exist(
+        email_normalized=job.email_normalized, statuses=DEDUP_STATUSES, since=since
+    ):
         existing = _open_lead(job.email_normalized, since)
     if existing is not None:
         result = _duplicate(job, existing, window)
@@ -714,9 +718,10 @@ def _intake_locked_many_current(jobs: list[IntakeJob], now: datetime) -> list[In
     fresh: list[IntakeJob] = []
     for job, since in zip(jobs, sinces, strict=True):
         found = newest.get(job.email_normalized)
-        existing = _open_lead(job.email_normalized, since) if found is not None and found >= since else None
+        window = _dedup_window(job)  # 0: no window, nothing looked for (see `_intake_locked`)
+        existing = _open_lead(job.email_normalized, since) if window and found is not None and found >= since else None
         if existing is not None:
-            results.append(_duplicate(job, existing, _dedup_window(job)))
+            results.append(_duplicate(job, existing, window))
         else:
             results.append(None)
             fresh.append(job)

@@ -41,7 +41,7 @@ def routing_simulate(*, data: dict[str, Any], requested: Group | None) -> dict[s
         "candidates": [],
     }
     window = group.dedup_days if group else 30
-    duplicate = (
+    duplicate = window and (
         Lead.objects.filter(
             email_normalized=normalize_email(data["email"]),
             status__in=DEDUP_STATUSES,
@@ -51,7 +51,7 @@ def routing_simulate(*, data: dict[str, Any], requested: Group | None) -> dict[s
         .values_list("id", flat=True)
         .first()
     )
-    if duplicate is not None:
+    if duplicate:  # 0: the group keeps no window
         result["duplicate_of"] = duplicate
         return result
     if group is None:

@@ -542,6 +542,20 @@ def test_dedup_window_is_the_groups(api, make_group):
     assert r.status_code == 201 and r.json()["id"] != first["id"]
 
 
+def test_a_group_without_a_window_finds_no_lead_taken_while_the_post_waited(api, make_group):
+    """dedup_days 0: a lead of the address committed while the post waited for the address's
+    lock (created after the post's clock was read, shown here by a later created_at) was found
+    inside a window of length 0, and the post answered as a duplicate."""
+    make_group(2, slug="zero", dedup_days=0)
+    first = api.post("/api/v1/leads/", {"email": "z@acme.example", "group": "zero"}, format="json").json()
+    Lead.objects.filter(pk=first["id"]).update(created_at=timezone.now() + timedelta(seconds=5))
+    r = api.post("/api/v1/leads/", {"email": "z@acme.example", "group": "zero"}, format="json")
+    assert r.status_code == 201 and r.json()["duplicate_of"] is None and r.json()["id"] != first["id"]
+    simulated = api.post("/api/v1/routing/simulate/", {"email": "z@acme.example", "group": "zero"}, format="json")
+    assert simulated.status_code == 200 and simulated.json().get("duplicate_of") is None
+    assert not AuditEvent.objects.filter(type="lead.duplicate").exists()
+
+
 def test_the_new_leads_group_window_decides_across_groups(api, make_group):
     """An open lead in one group is a duplicate for a submission that resolves to another
     group only within that other group's window; dedup_days 0 keeps no window at all."""
