@@ -244,12 +244,11 @@ def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
     if op in ("gte", "lte"):
         if isinstance(have, bool):
             return False
-        number: Any = have
-        if not isinstance(have, int | float):
-            try:
-                number = float(have)  # an attribute sent as text ("12"); a long one is inf
-            except (TypeError, ValueError):
-                return False
+        # An attribute sent as text ("12") is read as `equals` reads it: a number spelled in
+        # digits, not whatever Python's float() takes ("inf", "1_000", "1e400").
+        number = _as_typed(have, want) if isinstance(have, str) else have
+        if not _is_number(number):
+            return False
         return number >= want if op == "gte" else number <= want
     return False
 

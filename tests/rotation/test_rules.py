@@ -215,6 +215,18 @@ def test_a_boolean_is_not_the_number_one_or_zero(op, want, have, holds):
         ("contains", "750", "75001", True),
         ("contains", "751", 75001, False),
         ("contains", "tru", True, False),  # a boolean is not text
+        # gte/lte read text as equals does: a number spelled in digits, nothing float() also takes.
+        ("gte", 100, "150", True),
+        ("gte", 100, " 1.5e2 ", True),
+        ("lte", 100, "99.5", True),
+        ("gte", 100, "50", False),
+        ("gte", 100, "inf", False),
+        ("gte", 100, "Infinity", False),
+        ("lte", 100, "-inf", False),
+        ("gte", 100, "1e400", False),
+        ("gte", 100, "1_000", False),
+        ("gte", 100, "nan", False),
+        ("gte", 100, "150 seats", False),
     ],
 )
 def test_text_matches_a_number_or_a_boolean_it_spells(op, want, have, holds):
