@@ -231,6 +231,15 @@ def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
         return present is bool(want if want is not None else True)
     if not present:
         return op == "not_in"
+    if field == "email_domain" and isinstance(have, str):
+        # Both sides as `domain_unicode` gives them (lower case, NFC), compared as they are:
+        # folding would make straße.example strasse.example, a domain of its own.
+        if op == "equals":
+            return have == want
+        if op in ("in", "not_in"):
+            return (have in want) is (op == "in")
+        if op == "contains":
+            return isinstance(want, str) and want in have
     if op == "equals":
         return _norm(have) == _norm(want) or _typed_equal(have, want)
     if op == "in":

@@ -18,6 +18,8 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer
 from rest_framework.utils import json as drf_json
 
+from rotation.domains import domain_ascii
+
 # JSON types the API's schema promises for a field, and DRF's own wording when they are wrong.
 # DRF's fields coerce (5 to "5" for a CharField, "5" to 5 for an IntegerField, "yes" to True),
 # which suits form posts and CSV files but makes a JSON request the schema rejects succeed.
@@ -66,7 +68,7 @@ def ascii_email(value: str) -> str:
     if not at or domain.isascii():
         return value
     try:
-        value = f"{local}@{domain.encode('idna').decode('ascii')}"
+        value = f"{local}@{domain_ascii(domain)}"
     except UnicodeError:
         raise serializers.ValidationError("Enter a valid email address.") from None
     if len(value) > MAX_EMAIL:

@@ -129,6 +129,25 @@ def test_an_account_with_a_non_ascii_domain_owns_its_leads_in_either_spelling(ap
         assert Assignment.objects.get(lead_id=lead["id"]).reason == "owner_match"
 
 
+def test_a_domain_with_an_eszett_is_the_domain_mail_systems_read_not_its_ss_twin(api, make_group):
+    """IDNA 2008, as browsers and mail read it: straße.example is xn--strae-oqa.example, a
+    domain of its own; Python's codec (IDNA 2003) turned it into strasse.example."""
+    make_group(1, slug="pool")
+    _street, (_first, owner) = make_group(2, slug="street")
+    rule = {"name": "street", "priority": 1, "group": "street"}
+    rule["conditions"] = [{"field": "email_domain", "op": "equals", "value": "straße.example"}]
+    assert api.post("/api/v1/rules/", rule, format="json").status_code == 201
+    lead = post(api, "kunde@straße.example")
+    assert (lead["email"], lead["group"]) == ("kunde@xn--strae-oqa.example", "street")
+    assert post(api, "kundin@xn--strae-oqa.example")["group"] == "street"
+    assert post(api, "kunde@strasse.example")["group"] == "pool"  # another domain
+    assert post(api, "snow@☃.example")["email"] == "snow@xn--n3h.example"  # IDNA 2003 where 2008 refuses
+    # An account kept in the ASCII spelling owns the address typed in Unicode, and no other.
+    assert Account.objects.create(domain="XN--STRAE-OQA.example", owner=owner).domain == "straße.example"
+    assert post(api, "chef@straße.example")["owner"]["id"] == owner.id
+    assert post(api, "chef@strasse.example")["owner"]["id"] != owner.id
+
+
 @pytest.mark.parametrize("value", ["bücher.example", "xn--bcher-kva.example", ["BÜCHER.example"]])
 def test_a_rule_on_a_non_ascii_email_domain_matches_either_spelling(api, make_group, value):
     make_group(1, slug="pool")
