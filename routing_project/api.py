@@ -240,13 +240,28 @@ class RejectUnknownFieldsMixin:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
+def _object_once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose names are unique: with one twice (`{"email": "a@x", "email":
+    "b@y"}`) parsers disagree on which counts (Python's the last, many the first), so a proxy
+    or a log that read one and the router that took the other would tell two stories."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for name, _value in pairs:
+            if name in seen:
+                raise ValueError(f"the name {name[:64]!r} appears more than once in one object")
+            seen.add(name)
+    return obj
+
+
 def json_loads_client(text: str) -> Any:
-    """`json.loads` for a client's body, with NaN and Infinity refused. Raises ValueError with
+    """`json.loads` for a client's body, with NaN and Infinity refused, and a name given twice
+    in one object (`_object_once_each`). Raises ValueError with
     a message a client can act on also where the standard parser would go on or fail hard: a
     lone UTF-16 surrogate ("\\ud800", which Python accepts but no UTF-8 text, PostgreSQL's
     jsonb included, can hold) and nesting too deep to parse (RecursionError)."""
     try:
-        data = json.loads(text, parse_constant=drf_json.strict_constant)
+        data = json.loads(text, parse_constant=drf_json.strict_constant, object_pairs_hook=_object_once_each)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     # A surrogate can only arrive escaped: look for one only when the text has such an escape.

@@ -45,6 +45,24 @@ def test_a_lone_surrogate_is_a_400_with_or_without_an_idempotency_key(api, body)
     assert not Lead.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("body", "name"),
+    [
+        ('{"email": "a@customer.example", "group": "north", "email": "b@other.example"}', "email"),
+        ('{"email": "a@customer.example", "attributes": {"plan": "pro", "plan": "free"}}', "plan"),
+    ],
+)
+def test_a_name_given_twice_in_one_object_is_a_400_naming_it(api, make_group, body, name):
+    """Parsers disagree on which of the two counts: a proxy that checked one and the router
+    that took the other would tell two stories."""
+    make_group(1, slug="north", is_default=True)
+    for headers in ({}, {"Idempotency-Key": "twice-1"}):
+        r = api.post("/api/v1/leads/", body, content_type="application/json", headers=headers)
+        assert r.status_code == 400, r.content
+        assert f"'{name}' appears more than once" in r.json()["detail"]
+    assert not Lead.objects.exists()
+
+
 def test_a_lone_surrogate_in_a_rule_is_a_400(api, make_group):
     make_group(1, slug="north")
     condition = '{"field": "country", "op": "equals", "value": "\\ud800"}'
