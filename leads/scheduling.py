@@ -35,6 +35,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from routing_project import broker_breaker
+
 logger = logging.getLogger(__name__)
 
 ESCALATE_TASK = "leads.tasks.escalate_assignment"
@@ -42,8 +44,6 @@ ESCALATE_DUE_TASK = "leads.tasks.escalate_due"
 ESCALATE_GROUP_TASK = "leads.tasks.escalate_group_due"
 DRAIN_TASK = "leads.tasks.drain_group"
 
-_breaker = threading.Lock()
-_down_until = 0.0
 
 # The slices this process has published a group's timer for: (group id, slice end, epoch s).
 _slices_lock = threading.Lock()
@@ -57,8 +57,7 @@ _SLICE_MIN_LEAD_S = 1.0
 
 def publish(name: str, *, args: list[Any], **options: Any) -> bool:
     """Sends a task by name; False (logged, never raised) when the broker is unavailable."""
-    global _down_until
-    if time.monotonic() < _down_until:
+    if not broker_breaker.allowed():
         return False
     from routing_project.celery import app
 
@@ -66,8 +65,7 @@ def publish(name: str, *, args: list[Any], **options: Any) -> bool:
         app.send_task(name, args=args, retry=False, **options)
         return True
     except Exception as exc:  # the broker is down or refused: the sweep will catch up
-        with _breaker:
-            _down_until = time.monotonic() + settings.BROKER_PUBLISH_BACKOFF_S
+        broker_breaker.failed()
         logger.warning(
             "broker unavailable: %s not published (%s: %s); the sweep catches up", name, type(exc).__name__, exc
         )
@@ -77,8 +75,7 @@ def publish(name: str, *, args: list[Any], **options: Any) -> bool:
 def publish_reset() -> None:
     """Closes the circuit breaker and forgets the slices published (tests, or after the broker
     is known to be back, its queue possibly emptied)."""
-    global _down_until
-    _down_until = 0.0
+    broker_breaker.reset()
     with _slices_lock:
         _slices.clear()
 

@@ -36,6 +36,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import Event, audit_record
 from rotation.models import Rep
+from routing_project import broker_breaker
 from routing_project.bulkdb import rows_insert
 from security import secret_rotation
 
@@ -159,7 +160,6 @@ def _drain_flag() -> tuple[Any, str] | None:
 
 def _announce(message_id: int | None) -> None:
     """A drain for the messages just committed (`message_id`: one message, None: several)."""
-    global _down_until
     flag = _drain_flag()
     if flag is None:
         if message_id is None:
@@ -167,13 +167,13 @@ def _announce(message_id: int | None) -> None:
         else:
             _enqueue("notifications.outbox_dispatch", message_id)
         return
-    if time.monotonic() < _down_until:
+    if not broker_breaker.allowed():
         return  # the broker is down: the sweep delivers
     client, key = flag
     try:
         queued = client.set(key, "1", nx=True, px=DRAIN_FLAG_TTL_MS)
     except Exception as exc:  # noqa: BLE001 - any Redis error: the periodic sweep delivers later
-        _down_until = time.monotonic() + getattr(settings, "BROKER_PUBLISH_BACKOFF_S", 5.0)
+        broker_breaker.failed()
         logger.warning("notification drain not enqueued (%s); the sweep will deliver it", type(exc).__name__)
         return
     if queued:
@@ -201,28 +201,23 @@ def outbox_add_many(*, messages: list[dict[str, Any]]) -> int:
     return n
 
 
-_down_until = 0.0
-
-
 def _enqueue(task_name: str, arg: int | list[int] | None) -> None:
     """Publishes a task; a broker outage must not fail or slow the request: after a failure,
-    publishing is skipped for a few seconds (a small circuit breaker) and the sweep delivers."""
-    global _down_until
-    if time.monotonic() < _down_until:
+    publishing is skipped (routing_project.broker_breaker) and the sweep delivers."""
+    if not broker_breaker.allowed():
         return
     from routing_project.celery import app
 
     try:
         app.send_task(task_name, args=[arg] if arg is not None else [], retry=False)
     except Exception as exc:  # noqa: BLE001 - any broker error: the periodic sweep delivers later
-        _down_until = time.monotonic() + getattr(settings, "BROKER_PUBLISH_BACKOFF_S", 5.0)
+        broker_breaker.failed()
         logger.warning("notification task not enqueued (%s); the sweep will deliver it", type(exc).__name__)
 
 
 def enqueue_reset() -> None:
     """Closes the circuit breaker (tests, or once the broker is known to be back)."""
-    global _down_until
-    _down_until = 0.0
+    broker_breaker.reset()
 
 
 def _enqueue_sends(ids: list[int]) -> None:
