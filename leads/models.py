@@ -211,6 +211,9 @@ class IdempotencyRecord(models.Model):
     response_body = models.BinaryField(null=True)
     lead = models.ForeignKey(Lead, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(db_index=True)
+    # The PostgreSQL backend of the request that claimed the key: gone with its connection when
+    # that request's worker dies, so a retry need not wait for the claim to go stale.
+    claimed_by_pid = models.IntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["client", "key"], name="one_record_per_client_key")]

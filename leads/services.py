@@ -155,7 +155,7 @@ def idempotency_claim(*, client: ApiClient, key: str, fingerprint: str) -> Repla
         try:
             with transaction.atomic():
                 return IdempotencyRecord.objects.create(
-                    client=client, key=key, request_hash=fingerprint, created_at=now
+                    client=client, key=key, request_hash=fingerprint, created_at=now, claimed_by_pid=_backend_pid()
                 )
         except IntegrityError:
             pass
@@ -172,17 +172,40 @@ def idempotency_claim(*, client: ApiClient, key: str, fingerprint: str) -> Repla
                 status=record.response_status or 200, body=bytes(record.response_body or b""), lead_id=record.lead_id
             )
         stale = now - timedelta(seconds=settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S)
-        if record.created_at < stale:
+        if record.created_at < stale or _claimer_gone(record):
             # Its request died without finishing (and so without writing a lead): take it over.
+            # Safe even if it lives on: its routing transaction stores its answer only while
+            # the claim is still its own (`_idempotency_store`), else it writes nothing.
             taken = IdempotencyRecord.objects.filter(
                 pk=record.pk, state=IdempotencyRecord.State.IN_FLIGHT, created_at=record.created_at
-            ).update(created_at=now)
+            ).update(created_at=now, claimed_by_pid=_backend_pid())
             if taken:
                 record.created_at = now
                 return record
             continue
         raise IdempotencyConflict()
     raise IdempotencyConflict()
+
+
+def _backend_pid() -> int | None:
+    """This connection's PostgreSQL backend (psycopg knows it: no round trip); None elsewhere."""
+    if connection.vendor != "postgresql":
+        return None
+    connection.ensure_connection()
+    return int(connection.connection.info.backend_pid)
+
+
+def _claimer_gone(record: IdempotencyRecord) -> bool:
+    """The backend that claimed the key has ended: the worker of its request was killed (its
+    connection closed with it) or the database restarted. Behind a pooler that hands each
+    transaction another backend the claimer's stays up, and the claim waits to go stale."""
+    if record.claimed_by_pid is None or connection.vendor != "postgresql":
+        return False
+    with connection.cursor() as cursor:
+        # The backends' states are read once per transaction and kept: read them now.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [record.claimed_by_pid])
+        return cursor.fetchone() is None
 
 
 def idempotency_release(record: IdempotencyRecord) -> None:

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import time
 from datetime import timedelta
 
 import pytest
@@ -387,6 +388,49 @@ def test_abandoned_in_flight_key_is_taken_over(api, make_group):
     )
     r = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "dead"})
     assert r.status_code == 201
+
+
+@pytest.mark.postgres
+def test_a_key_claimed_by_a_connection_that_has_ended_is_taken_over_at_once(api, make_group):
+    """The worker of the claiming request was killed: its connection, and its backend, ended
+    with it. A retry takes the key over without waiting for the claim to go stale (60 s of 409s
+    that said to retry in 1 s); a claim whose backend lives on is still in flight."""
+    import psycopg
+    from django.db import connection
+    from django.utils import timezone
+
+    from leads.models import ApiClient
+    from leads.services import request_fingerprint
+
+    make_group(1, slug="emea")
+    body = lead_body(group="emea")
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    killed = psycopg.connect(**params)
+    pid = killed.info.backend_pid
+    record = IdempotencyRecord.objects.create(
+        client=ApiClient.objects.get(),
+        key="killed",
+        request_hash=request_fingerprint(body),
+        created_at=timezone.now(),
+        claimed_by_pid=pid,
+    )
+    r = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "killed"})
+    assert r.status_code == 409  # its backend lives: still in flight
+    killed.close()
+    with connection.cursor() as cursor:  # the backend ends a moment after its client goes
+        for _ in range(100):
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid])
+            if cursor.fetchone() is None:
+                break
+            time.sleep(0.02)
+    r = api.post("/api/v1/leads/", body, format="json", headers={"Idempotency-Key": "killed"})
+    assert r.status_code == 201, r.content
+    record.refresh_from_db()
+    assert record.state == IdempotencyRecord.State.DONE and record.claimed_by_pid != pid
+    assert Lead.objects.count() == 1
 
 
 def test_a_request_whose_key_was_taken_over_writes_nothing(api, make_group):
