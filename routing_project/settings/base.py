@@ -172,6 +172,22 @@ DATABASES = {"default": _database_url("DATABASE_URL", EMBEDDED_DATABASE_URL)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Django's backend, with a pool check that costs no round trip (routing_project/postgresql).
     DATABASES["default"]["ENGINE"] = "routing_project.postgresql"
+    # A database host that drops off the network (a partition, a failover moving the address)
+    # answers nothing, not even a refusal: without these a request waited on it for as long
+    # as the kernel retransmits (about 15 minutes), every thread of the web in turn. A connect
+    # gives up after 5 s; data unacknowledged for 20 s, or an idle connection whose keepalives
+    # go unanswered, ends the connection, and the request gets its 503. What DATABASE_URL's
+    # query string sets (?connect_timeout=10) wins.
+    _db_options = DATABASES["default"].setdefault("OPTIONS", {})
+    for _option, _value in (
+        ("connect_timeout", 5),
+        ("keepalives", 1),
+        ("keepalives_idle", 30),
+        ("keepalives_interval", 10),
+        ("keepalives_count", 3),
+        ("tcp_user_timeout", 20_000),
+    ):
+        _db_options.setdefault(_option, _value)
 # Every database setting is read and checked whichever branch below uses it: a typo in one
 # that does not apply yet (the pool's, while the pool is off) would otherwise wait, unseen,
 # for the day it does.

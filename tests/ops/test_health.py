@@ -77,3 +77,25 @@ def test_ready_when_both_answer():
         "broker": "ok",
         "broker_url_scheme": "x",
     }
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_request_to_a_database_host_that_answers_nothing_is_a_503_within_the_connect_timeout(
+    api, monkeypatch, silent_port
+):
+    """A database host gone from the network answers nothing, not even a refusal: the
+    request's connection gives up after `connect_timeout` (settings: 5 s) and the client gets
+    its 503 with Retry-After, where it waited for as long as the kernel retried."""
+    assert connection.settings_dict["OPTIONS"]["connect_timeout"] == 5
+    assert connection.settings_dict["OPTIONS"]["tcp_user_timeout"] == 20_000  # for one lost mid-request
+    params = connection.get_connection_params()
+    connection.close()
+    monkeypatch.setattr(connection, "get_connection_params", lambda: {**params, "port": silent_port})
+    started = time.monotonic()
+    response = api.get("/api/v1/leads/")
+    seconds = time.monotonic() - started
+    monkeypatch.undo()
+    connection.close()
+    assert response.status_code == 503 and response["Retry-After"] == "2"
+    assert 4 < seconds < 9
