@@ -21,7 +21,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import mark_safe
 from rest_framework import serializers
 
-from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin, RowsGoneAdminMixin
+from routing_project.admin_forms import STRICT_JSON, CheckedAutocompleteMixin, EditedFieldsForm, RowsGoneAdminMixin
 from routing_project.api import ascii_email
 
 from . import services
@@ -78,7 +78,7 @@ def _lowest(field: Any, lowest: int) -> None:
     field.widget.attrs["min"] = lowest
 
 
-class MembershipForm(forms.ModelForm):
+class MembershipForm(EditedFieldsForm):
     position = forms.IntegerField(
         required=False,
         min_value=0,
@@ -160,7 +160,7 @@ class MembershipInline(CheckedAutocompleteMixin, admin.TabularInline):
         return super().get_queryset(request).select_related("rep", "group")
 
 
-class GroupForm(forms.ModelForm):
+class GroupForm(EditedFieldsForm):
     class Meta:
         model = Group
         fields = (
@@ -360,7 +360,7 @@ class JSONOrEmptyField(forms.JSONField):
         return super().to_python(value)
 
 
-class RepForm(forms.ModelForm):
+class RepForm(EditedFieldsForm):
     # By username: a raw id's lookup opened the user list, which only superusers may read
     # (sales ops were shown a 403 in the popup), and left a bare number in the box.
     user = forms.ModelChoiceField(
@@ -538,7 +538,7 @@ class RepAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
                 )
 
 
-class RoutingRuleForm(forms.ModelForm):
+class RoutingRuleForm(EditedFieldsForm):
     # The API's limit (rotation/api/rules.py): a rule saved past it is answered by the API
     # outside its own schema, and sent back unchanged it would be refused there.
     priority = forms.IntegerField(
@@ -612,7 +612,7 @@ class RoutingRuleAdmin(AuditedDeleteMixin, admin.ModelAdmin):
             services.rule_delete(rule=obj, actor=admin_actor(request))
 
 
-class AccountForm(forms.ModelForm):
+class AccountForm(EditedFieldsForm):
     class Meta:
         model = Account
         fields = ["domain", "name", "owner"]

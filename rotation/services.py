@@ -83,14 +83,20 @@ def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
     if obj.pk is None or obj._state.adding:
         return _Change(True, _field_names(obj), {})
     names = _attnames(obj, _field_names(obj) if changed is None else changed)
-    if names:
-        stored = type(obj)._base_manager.filter(pk=obj.pk).values(*names).first()
+    # The fields the caller did not edit take their stored values: a form read minutes ago (a
+    # second tab) saves what its user changed over the row as it is now, instead of putting
+    # back what a colleague changed meanwhile (a group made inactive, a member's weight).
+    kept = [] if changed is None else [name for name in _field_names(obj) if name not in names]
+    if names or kept:
+        stored = type(obj)._base_manager.filter(pk=obj.pk).values(*names, *kept).first()
     else:
         stored = {} if type(obj)._base_manager.filter(pk=obj.pk).exists() else None
     if stored is None:
         # Deleted by another request since it was read: saved, it would come back (Django
         # inserts a row its update did not find), without its members or its trail.
         raise _gone(obj)
+    for name in kept:
+        setattr(obj, name, stored[name])
     fields = [name for name in names if stored[name] != getattr(obj, name, None)]
     return _Change(False, fields, {name: _plain(stored[name]) for name in fields})
 

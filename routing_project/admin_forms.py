@@ -143,3 +143,19 @@ class RowsGoneAdminMixin:
                 )
                 gone.append(f"{len(ids) - found} {names}")
         return gone
+
+
+class EditedFieldsForm(forms.ModelForm):
+    """A change form that knows which fields its user edited on the page they loaded: each
+    field also carries its value as loaded, in a hidden input (Django's `show_hidden_initial`),
+    so that `changed_data` names what the user edited, not what a colleague changed since the
+    page was read (those differ from the row as it is now, too). The services then write only
+    the edited fields over the row as it is now (rotation.services._change): a stale second
+    tab no longer puts back a group made inactive or a member's weight."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            # A post without the field's value as loaded (a script, an older page): compared
+            # with the row as it is now, as Django's forms do.
+            field.show_hidden_initial = not self.is_bound or self.add_initial_prefix(name) in self.data

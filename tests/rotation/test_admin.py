@@ -1065,3 +1065,27 @@ def test_a_group_page_reads_its_members_in_as_many_queries_for_many_as_for_few(s
     for member in Membership.objects.filter(group=group).select_related("rep"):
         # Each row still shows its rep, chosen, as the autocomplete box lists it.
         assert f'<option value="{member.rep_id}" selected>{member.rep.name} &lt;{member.rep.email}&gt;</option>' in html
+
+
+def test_a_group_page_read_before_a_colleagues_change_saves_only_what_its_user_edited(staff, make_group):
+    """Two tabs on one group: A makes it inactive and sets a member's weight; B, read before,
+    renames the group and sets that member's cap. B's save put back active and the weight,
+    unasked and unwarned; now each save writes what its user edited."""
+    group, (a, _b) = make_group(2, slug="emea")
+    stale = form_of(staff.get(f"/admin/rotation/group/{group.pk}/change/"))  # tab B, as read
+    assert "initial-active" in stale  # each field carries its value as loaded
+    current = form_of(staff.get(f"/admin/rotation/group/{group.pk}/change/"))  # tab A
+    current.pop("active")
+    row = next(k.rsplit("-", 1)[0] for k, v in current.items() if k.endswith("-rep") and v == [str(a.pk)])
+    current[f"{row}-weight"] = ["5"]
+    assert staff.post(f"/admin/rotation/group/{group.pk}/change/", current).status_code == 302
+    stale["name"] = ["Europe"]
+    stale[f"{row}-max_open"] = ["3"]
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", stale)
+    assert r.status_code == 302, r.content.decode()[-2000:]
+    group.refresh_from_db()
+    member = Membership.objects.get(group=group, rep=a)
+    assert (group.name, group.active) == ("Europe", False)
+    assert (member.weight, member.max_open) == (5, 3)
+    event = AuditEvent.objects.filter(type="group.changed", actor="admin:ops").last()
+    assert event.explanation["changes"] == {"name": "Europe"}
