@@ -223,9 +223,51 @@ def assign_to_rep(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: 
     return TemplateResponse(request, "admin/leads/assign_to_rep.html", context)
 
 
+def _confirm_page(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Lead],
+    *,
+    template: str,
+    title: str,
+    action: str,
+    **extra: Any,
+) -> TemplateResponse:
+    """An action's confirmation page: the selected leads listed (the first 200), the selection
+    posted back with the answer (`_selected_leads.html`)."""
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "leads": queryset.select_related("group", "owner").order_by("id")[:200],
+        "count": queryset.count(),
+        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+        "select_across": request.POST.get("select_across") == "1",
+        "action": action,
+        "opts": modeladmin.model._meta,
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        **extra,
+    }
+    return TemplateResponse(request, template, context)
+
+
 @admin.action(description="Route selected leads again (rules and rotation)", permissions=["change"])
 @bounded
-def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> None:
+def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> HttpResponse | None:
+    held = queryset.filter(status__in=(LeadStatus.ASSIGNED, LeadStatus.ACCEPTED))
+    if "apply" not in request.POST and held.exists():
+        # Routed again, a lead leaves the rep who holds it, an accepted one too (its rep is
+        # working it): not undone by routing it back. Confirmed on a page that names them;
+        # queued leads alone (the queue's daily work) go at once.
+        return _confirm_page(
+            modeladmin,
+            request,
+            queryset,
+            template="admin/leads/reroute_confirm.html",
+            title="Route leads again",
+            action="reroute",
+            held=held.count(),
+            accepted=held.filter(status=LeadStatus.ACCEPTED).count(),
+        )
     actor = admin_actor(request)
     queued: dict[str, list[int]] = {}
     taken: dict[str, list[str]] = {}
@@ -259,6 +301,7 @@ def reroute(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QueryS
         modeladmin.message_user(
             request, f"{'; '.join(moved[:20])}{more} into the fallback queue: {reason}.", messages.WARNING
         )
+    return None
 
 
 @admin.action(description="Mark selected leads accepted by their owner", permissions=["change"])
@@ -284,19 +327,15 @@ def _close_action(outcome: str) -> Action:
         if "apply" not in request.POST:
             # A closed lead is never routed again: the manager confirms on a page listing them,
             # as the lead page's own "Close…" asks for the outcome first.
-            context = {
-                **modeladmin.admin_site.each_context(request),
-                "title": f"Close leads as {outcome}",
-                "outcome": outcome,
-                "leads": queryset.select_related("group", "owner").order_by("id")[:200],
-                "count": queryset.count(),
-                "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-                "select_across": request.POST.get("select_across") == "1",
-                "action": f"close_{outcome}",
-                "opts": modeladmin.model._meta,
-                "action_checkbox_name": ACTION_CHECKBOX_NAME,
-            }
-            return TemplateResponse(request, "admin/leads/close_confirm.html", context)
+            return _confirm_page(
+                modeladmin,
+                request,
+                queryset,
+                template="admin/leads/close_confirm.html",
+                title=f"Close leads as {outcome}",
+                action=f"close_{outcome}",
+                outcome=outcome,
+            )
         actor = admin_actor(request)
         _run_each(
             modeladmin,

@@ -155,7 +155,12 @@ def test_route_again_says_when_it_took_a_lead_from_its_rep_into_the_queue(api, m
     group, reps = make_group(2, slug="emea")
     held = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
     Membership.objects.filter(group=group).update(active=False)
-    r = manager.post("/admin/leads/lead/", {"action": "reroute", "_selected_action": [held["id"]]}, follow=True)
+    page = manager.post("/admin/leads/lead/", {"action": "reroute", "_selected_action": [held["id"]]})
+    assert Lead.objects.get(pk=held["id"]).status == "assigned"  # a rep's lead: confirmed first
+    assert "held by a rep" in page.content.decode()
+    r = manager.post(
+        "/admin/leads/lead/", {"action": "reroute", "_selected_action": [held["id"]], "apply": "1"}, follow=True
+    )
     lead = Lead.objects.get(pk=held["id"])
     assert lead.status == "queued" and lead.owner_id is None
     shown = [str(m) for m in r.context["messages"]]
@@ -827,7 +832,9 @@ def test_route_again_says_where_each_lead_went(api, make_group, manager):
     moved = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()  # to reps[1]
     Membership.objects.filter(group=group).update(active=True)
     r = manager.post(
-        "/admin/leads/lead/", {"action": "reroute", "_selected_action": [held["id"], moved["id"]]}, follow=True
+        "/admin/leads/lead/",
+        {"action": "reroute", "_selected_action": [held["id"], moved["id"]], "apply": "1"},
+        follow=True,
     )
     text = r.content.decode()
     assert "2 leads routed again." in text
@@ -890,3 +897,29 @@ def test_the_rep_choices_offer_the_leads_groups_members_first(api, make_group, m
     in_dach = api.post("/api/v1/leads/", lead_body(group="dach"), format="json").json()["id"]
     mixed = manager.post("/admin/leads/lead/", {"action": "assign_to_rep", "_selected_action": [ids[1], in_dach]})
     assert "<optgroup" not in mixed.content.decode()
+
+
+def test_route_again_asks_before_it_takes_leads_from_their_reps_naming_the_accepted_ones(api, make_group, manager):
+    """Routed again, a rep's lead leaves the rep, an accepted one too: not undone by routing it
+    back. The action ran at once; queued leads alone still go at once."""
+    group, reps = make_group(2, slug="emea")
+    held = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    accepted = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    api.post(f"/api/v1/leads/{accepted['id']}/accept/", {"rep": accepted["owner"]["id"]}, format="json")
+    assert Lead.objects.get(pk=accepted["id"]).status == "accepted"
+    ids = [held["id"], accepted["id"]]
+    page = manager.post("/admin/leads/lead/", {"action": "reroute", "_selected_action": ids})
+    text = " ".join(page.content.decode().split())
+    assert page.status_code == 200 and "Route 2 leads again" in text
+    assert "2 of them are held by a rep, <strong>1 accepted</strong>" in text
+    assert [Lead.objects.get(pk=pk).status for pk in ids] == ["assigned", "accepted"]  # nothing done yet
+    assert 'name="apply"' in text and all(f'value="{pk}"' in text for pk in ids)
+    r = manager.post("/admin/leads/lead/", {"action": "reroute", "_selected_action": ids, "apply": "1"}, follow=True)
+    assert "2 leads routed again." in r.content.decode()
+    assert AuditEvent.objects.filter(lead_id__in=ids, type="lead.rerouted").count() == 2
+    # Only queued leads: routed at once, the queue's daily work.
+    Membership.objects.filter(group=group).update(active=False)
+    queued = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    Membership.objects.filter(group=group).update(active=True)
+    r = manager.post("/admin/leads/lead/", {"action": "reroute", "_selected_action": [queued["id"]]}, follow=True)
+    assert "1 lead routed again." in r.content.decode() and Lead.objects.get(pk=queued["id"]).status == "assigned"
