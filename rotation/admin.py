@@ -254,6 +254,14 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         services.group_save(group=obj, actor=admin_actor(request), changed=form.changed_data)
         if change and not obj.active and {"active", "is_default"} & set(form.changed_data):
             _warn_inactive_group_gets_leads(self, request, obj)
+        if change and "is_default" in form.changed_data and not Group.objects.filter(is_default=True).exists():
+            self.message_user(
+                request,
+                f"No group is the default now ({obj.slug} no longer is): the leads no rule matches, and that name "
+                "no group, wait in the fallback queue (“no rule matched and there is no default group”) until a "
+                "group is made the default, which then takes them.",
+                messages.WARNING,
+            )
 
     def delete_model(self, request: HttpRequest, obj: Group) -> None:
         with suppress(Group.DoesNotExist):  # deleted by another request meanwhile: gone either way

@@ -1089,3 +1089,22 @@ def test_a_group_page_read_before_a_colleagues_change_saves_only_what_its_user_e
     assert (member.weight, member.max_open) == (5, 3)
     event = AuditEvent.objects.filter(type="group.changed", actor="admin:ops").last()
     assert event.explanation["changes"] == {"name": "Europe"}
+
+
+def test_unticking_the_last_default_group_says_where_the_leads_no_rule_matches_go(staff, api, make_group):
+    """Only deactivating the default group warned; taking the flag off left the leads that
+    match no rule to queue, unannounced (a third of the demo's traffic)."""
+    group, _ = make_group(1, slug="emea", is_default=True)
+    data = group_form(slug="emea", name=group.name)  # "is_default" unticked
+    data.update(inline_management("memberships", 0, 0))
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data, follow=True)
+    shown = [str(m) for m in r.context["messages"]]
+    assert any(m.startswith("No group is the default now (emea no longer is)") for m in shown), shown
+    body = api.post("/api/v1/leads/", lead_body(country="JP"), format="json").json()
+    assert body["queue_reason"] == "no rule matched and there is no default group"
+    # Another group made the default instead: the leads have a home, nothing to say.
+    other, _ = make_group(1, slug="apac")
+    data = group_form(slug="apac", name=other.name, is_default="on")
+    data.update(inline_management("memberships", 0, 0))
+    r = staff.post(f"/admin/rotation/group/{other.pk}/change/", data, follow=True)
+    assert not any("No group is the default" in str(m) for m in r.context["messages"])
