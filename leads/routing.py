@@ -322,9 +322,12 @@ def decide(
     by_id: dict[int, MemberFacts] = {}
     for f in facts:
         by_id[f.rep_id] = f
-        ok, reason = eligibility(f, now)
-        if ok and f.rep_id in excluded:
+        if f.rep_id in excluded:
+            # Said first: the rep the lead escalates from counts it among its open leads, so a
+            # full cap would have been given as the reason, where this is.
             ok, reason = False, "already had this lead"
+        else:
+            ok, reason = eligibility(f, now)
         candidates.append(strategies.Candidate(f.rep_id, f.position, f.weight, ok, reason, f.open))
         described.append(
             {"rep": f.rep_id, "name": f.rep_name, "position": f.position, "eligible": ok, "reason": reason}

@@ -98,6 +98,23 @@ def test_escalation_never_returns_to_a_rep_who_had_the_lead(api, make_group):
 
 
 @pytest.mark.django_db
+def test_an_escalation_says_the_rep_it_leaves_already_had_the_lead_not_that_it_is_at_its_cap(api, make_group):
+    """The rep the lead escalates from still counts it open: at a full cap the explanation
+    gave the cap (1/1) as the reason, where the reason is that the rep already had the lead."""
+    group, reps = make_group(2, slug="emea", sla_minutes="1")
+    Membership.objects.filter(group=group).update(max_open=1)
+    lead = post(api, group="emea")
+    open_one = Assignment.objects.get(lead_id=lead["id"], ended_at__isnull=True)
+    assert open_one.rep_id == reps[0].id
+    Assignment.objects.filter(pk=open_one.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.escalation_sweep()
+    event = AuditEvent.objects.get(lead_id=lead["id"], type="lead.escalated")
+    left = next(c for c in event.explanation["candidates"] if c["rep"] == reps[0].id)
+    assert (left["eligible"], left["reason"]) == (False, "already had this lead")
+    assert Lead.objects.get(pk=lead["id"]).owner_id == reps[1].id
+
+
+@pytest.mark.django_db
 def test_auto_pause_is_off_by_default_and_accept_resets_the_count(api, make_group):
     group, reps = make_group(1, slug="emea", sla_minutes="1", max_attempts=1)
     for _ in range(3):
