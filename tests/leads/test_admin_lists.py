@@ -186,6 +186,32 @@ def test_a_large_list_says_about_how_many_from_the_planner_and_counts_a_small_on
 
 
 @pytest.mark.postgres
+def test_a_table_never_analysed_is_counted_not_estimated_and_the_search_says_about_too(
+    api, make_group, manager, monkeypatch
+):
+    """With no statistics the planner guesses from the table's size on disk: the outbox list
+    said "about 117858" of 16,047 rows. Such a table is counted; an estimate, when there is
+    one, is said as such beside the search box too ("23706 results" read as counted)."""
+    from routing_project import admin_lists
+
+    make_group(2, slug="emea")
+    post_leads(api, "emea", *(f"n{i}@one.example" for i in range(6)))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE leads_lead")
+    assert admin_lists._never_analysed(Lead.objects.all()) is False
+    monkeypatch.setattr(admin_lists, "_planner_rows", lambda queryset: 117_858)
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_UP_TO", 3)
+    page, _ = get(manager, "/admin/leads/lead/?q=one.example")
+    html = " ".join(page.content.decode().split())
+    assert page.context["cl"].paginator.estimated
+    assert re.search(r'<span class="small quiet"><span title="An estimate[^"]*">about</span> 117858 results', html)
+    monkeypatch.setattr(admin_lists, "_never_analysed", lambda queryset: True)
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_UP_TO", 1000)
+    page, _ = get(manager, "/admin/leads/lead/?q=one.example")
+    assert page.context["cl"].result_count == 6 and not page.context["cl"].paginator.estimated
+
+
+@pytest.mark.postgres
 def test_a_search_the_planner_thinks_small_stops_counting_and_says_more_than(api, make_group, manager, monkeypatch):
     """A substring search the planner guesses at a few rows was counted exactly however many
     it found: 150,000 leads counted, most of a second, for a page of 100. Counting stops one
