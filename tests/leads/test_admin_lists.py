@@ -428,3 +428,12 @@ def test_the_leads_list_shows_an_sla_due_time_only_while_the_sla_runs(api, make_
         int(m.group(1)): m.group(0) for m in re.finditer(r"<tr>.*?/admin/leads/lead/(\d+)/change/.*?</tr>", html, re.S)
     }
     assert 'class="field-sla_due">-<' not in rows[open_id] and 'class="field-sla_due">-<' in rows[closed_id]
+
+
+def test_a_leads_history_page_points_to_its_audit_trail(api, make_group, manager):
+    """Django's history lists only the form's edits: for a lead routed, accepted and rerouted
+    it said "This object doesn't have a change history", as if nothing had happened."""
+    make_group(1, slug="emea")
+    (lead_id,) = post_leads(api, "emea", "h@one.example")
+    html = " ".join(manager.get(f"/admin/leads/lead/{lead_id}/history/").content.decode().split())
+    assert f'<a href="/admin/audit/auditevent/?lead_id={lead_id}">its audit trail</a>' in html
