@@ -801,7 +801,7 @@ _NOT_ON_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 def _email_value(d: Delivery, key: str, value: Any) -> Any:
     """A lead's value on its own line: what the lead's sender wrote cannot start a line of the
     rep's e-mail (a fake "Accept it:" link above the real one). The due time on the rep's
-    clock (the payload holds it in UTC, to the microsecond)."""
+    clock (the payload holds it in UTC, to the microsecond), to the second."""
     if key != "sla_due_at":
         return _NOT_ON_ONE_LINE.sub(" ", str(value)).strip()
     zone = d.rep.timezone if d.rep is not None else "UTC"
@@ -809,7 +809,9 @@ def _email_value(d: Delivery, key: str, value: Any) -> Any:
         local = datetime.fromisoformat(value).astimezone(ZoneInfo(zone))
     except (ValueError, TypeError, ZoneInfoNotFoundError):
         return value
-    return f"{local:%Y-%m-%d %H:%M} ({zone})"
+    # To the second, unless on the minute: due at 00:22:45, "before 00:22" read as past already,
+    # and "before 00:23" promised 15 s the escalation does not wait.
+    return f"{local:%Y-%m-%d %H:%M:%S} ({zone})" if local.second else f"{local:%Y-%m-%d %H:%M} ({zone})"
 
 
 _EMAIL_FIELDS = (
