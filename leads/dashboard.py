@@ -51,10 +51,11 @@ class RepRow:
     weight: int
     active: bool
     assigned: int = 0
+    turns: int = 0  # of those, rotation turns (not escalations, owner matches, reroutes, by hand)
     accepted: int = 0
     breaches: int = 0
     median_accept_s: float | None = None
-    share: float = 0.0  # of the group's assignments in the window
+    share: float = 0.0  # of the group's rotation turns in the window
     target_share: float = 0.0  # fair share of turns among the members taking part (active, or given leads)
     rep_active: bool = True  # else the rep takes no leads anywhere (`active` False: paused here, or this)
 
@@ -82,6 +83,7 @@ class GroupPanel:
     active: bool
     reps: list[RepRow] = field(default_factory=list)
     assigned: int = 0
+    turns: int = 0
     accepted: int = 0
     breaches: int = 0
     median_accept_s: float | None = None
@@ -125,21 +127,30 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
         panels[m.group_id].reps.append(row)
 
     window = Q(started_at__gte=since, started_at__lt=until, group_id__in=list(panels))
-    for group_id, rep_id, n, accepted, breaches in (
+    # The share is of rotation turns: an escalation goes to whoever has not had the lead, so a
+    # group with SLA misses would show its rotation as unfair when it is even.
+    turn = Q(reason=Assignment.Reason.ROTATION)
+    for group_id, rep_id, n, turns, accepted, breaches in (
         Assignment.objects.filter(window)
         .values_list("group_id", "rep_id")
-        .annotate(n=Count("id"), acc=Count("accepted_at"), br=Count("id", filter=breach_q(now)))
-        .values_list("group_id", "rep_id", "n", "acc", "br")
+        .annotate(
+            n=Count("id"),
+            turns=Count("id", filter=turn),
+            acc=Count("accepted_at"),
+            br=Count("id", filter=breach_q(now)),
+        )
+        .values_list("group_id", "rep_id", "n", "turns", "acc", "br")
     ):
         panel = panels[group_id]
         panel.assigned += n
+        panel.turns += turns
         panel.accepted += accepted
         panel.breaches += breaches
         found = rows.get((group_id, rep_id))
         if found is None:
             panel.other_reps += n
             continue
-        found.assigned, found.accepted, found.breaches = n, accepted, breaches
+        found.assigned, found.turns, found.accepted, found.breaches = n, turns, accepted, breaches
 
     per_rep, per_group = _medians(since, until, list(panels))
     for (group_id, rep_id), value in per_rep.items():
@@ -156,7 +167,7 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
         taking_part = [r for r in panel.reps if r.active or r.assigned]
         weights = sum(turn_weight(panel.strategy, r.weight) for r in taking_part)
         for r in panel.reps:
-            r.share = r.assigned / panel.assigned if panel.assigned else 0.0
+            r.share = r.turns / panel.turns if panel.turns else 0.0
             taking = weights and (r.active or r.assigned)
             r.target_share = turn_weight(panel.strategy, r.weight) / weights if taking else 0.0
 
@@ -290,7 +301,7 @@ def queue_levels(changes: list[tuple[datetime, int]], points: list[datetime]) ->
 
 
 def share_chart(panel: GroupPanel, *, width: int = 520, bar: int = 10) -> dict[str, Any]:
-    """Paired horizontal bars per rep: actual share of assignments vs. fair share."""
+    """Paired horizontal bars per rep: actual share of rotation turns vs. fair share."""
     label_w, gap = 150, 8
     # Right of the longer bar, its figures: room for the widest, "100.0% / 100.0%" (about 95 px
     # at 11 px), so that a full share is not cut off at the chart's edge.

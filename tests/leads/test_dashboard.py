@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from audit.models import AuditEvent
+from leads import actions
 from leads.dashboard import QUEUE_LOOKBACK, dashboard_view, queue_levels
 from leads.models import Assignment, Lead
 from rotation.models import Membership
@@ -294,6 +295,22 @@ def test_a_period_the_dashboard_does_not_offer_says_so(admin_client, make_group,
     html = response.content.decode()
     assert f"No period “{days}”: showing the last 7 days" in html
     assert "No period" not in admin_client.get("/admin/dashboard/?days=30").content.decode()
+
+
+def test_the_share_is_of_rotation_turns_so_escalations_do_not_make_an_even_rotation_look_unfair(make_group, post_lead):
+    """Escalations go to whoever has not had the lead: the escalated-to rep's share rose over
+    the fair one while the rotation's own turns were even, and a manager read it as unfair."""
+    group, (a, b) = make_group(2, slug="emea", sla_minutes=10)
+    for _ in range(4):
+        post_lead(group="emea")  # a, b, a, b
+    for assignment in Assignment.objects.filter(group=group, rep=a):
+        Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.escalation_sweep()  # a's two leads escalate to b
+    now = timezone.now()
+    (panel,) = dashboard_view(since=now - timedelta(days=1), until=now + timedelta(minutes=1), group_slug="emea")
+    rows = {r.rep_id: (r.assigned, r.turns, r.share) for r in panel.reps}
+    assert rows == {a.id: (2, 2, 0.5), b.id: (4, 2, 0.5)}
+    assert (panel.assigned, panel.turns) == (6, 4)
 
 
 def test_the_table_shows_the_shares_the_chart_draws(admin_client, make_group, post_lead):
