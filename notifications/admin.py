@@ -327,6 +327,8 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     fanned out into deliveries."""
 
     list_display = ("id", "event", "lead", "group_shown", "rep_shown", "created_at", "dispatched_at")
+    # Newest first, as the delivery log: what was just announced is on the first page.
+    ordering = ("-id",)
     list_select_related = ("group", "rep")  # one query for the page, not one per row
     list_filter = (MessageEventFilter,)
     search_fields = ("=lead_id",)

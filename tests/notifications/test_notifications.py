@@ -378,6 +378,7 @@ def test_the_outbox_list_names_the_lead_group_and_rep(admin_client, post_lead, m
     with CaptureQueriesContext(connection) as queries:
         page = admin_client.get("/admin/notifications/outboxmessage/")
     assert page.status_code == 200 and len(page.context["cl"].result_list) == 2
+    assert [m.event for m in page.context["cl"].result_list] == ["lead.rerouted", "lead.assigned"]  # newest first
     html = " ".join(page.content.decode().split())
     link = f'<a href="/admin/leads/lead/{lead["id"]}/change/">#{lead["id"]}</a>'
     assert f"{link} Ana Souza &lt;ana@customer.example&gt;" in html
