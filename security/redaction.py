@@ -92,9 +92,10 @@ _SAFE_PARAMS = frozenset(
     ]
 )
 # A value ends at the next parameter, plain or percent-encoded (%26 &, %3F ?): a `next`
-# keeps its path while the search inside it goes.
+# keeps its path while the search inside it goes. A name may be percent-encoded itself
+# (`first%20name`, `contact%5Bphone%5D`), up to its `=` (or `%3D`).
 _QUERY_PARAM = re.compile(
-    r"(?i)(?:(?<=[?&;])|(?<=%3f)|(?<=%26))([\w.\-\[\]]{1,64})(=|%3d)((?:(?!%26|%3f)[^&;\s\"'<>])+)"
+    r"(?i)(?:(?<=[?&;])|(?<=%3f)|(?<=%26))((?:(?!%3d|%26|%3f)[\w.\-\[\]%]){1,64})(=|%3d)((?:(?!%26|%3f)[^&;\s\"'<>])+)"
 )
 
 

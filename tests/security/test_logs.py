@@ -213,6 +213,7 @@ def test_the_filter_redacts_phone_numbers_as_a_query_string_spells_them(query):
             "search=[redacted]&surname=[redacted]&contact=[redacted]&page=2",
         ),
         ("owner__id__exact=4&created_at__gte=2026-11-01", "owner__id__exact=4&created_at__gte=2026-11-01"),
+        ("first%20name=Zelda&contact%5Bcity%5D=Paris", "first%20name=[redacted]&contact%5Bcity%5D=[redacted]"),
         # The admin's login redirect keeps the search, percent-encoded, in `next`.
         ("next=/admin/leads/lead/%3Fq%3D020%2B7946%2B0958%26o%3D1", "next=/admin/leads/lead/%3Fq%3D[redacted]%26o%3D1"),
     ],
