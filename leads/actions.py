@@ -1371,6 +1371,12 @@ def _drain_one(group_id: int, cursor: list[int], actor: str, because: str) -> st
             # Only reps who already had this lead are free, or it waits for its account's
             # owner: later leads may still go.
             return "skipped"
+        if facts:
+            # A member joined, paused or away: the leads that queued when the group had none
+            # say what holds them now, for the manager working the queue.
+            Lead.objects.filter(
+                status=LeadStatus.QUEUED, group_id=group_id, queue_reason=f"group '{group.slug}' has no members"
+            ).update(queue_reason=f"no eligible rep in group '{group.slug}'")
         return "no_rep"
     queued_reason = lead.queue_reason
     new = _assign(lead, rep_id=decision.rep_id, group=group, reason=decision.reason, now=now)

@@ -13,6 +13,7 @@ from rotation import services
 from rotation.models import Absence, Group, Membership, RotationState, RoutingRule
 from tests.celery_worker import wait_for
 from tests.conftest import lead_body
+from tests.factories import RepFactory
 
 
 def post(api, **fields) -> dict:
@@ -792,3 +793,18 @@ def test_a_queued_lead_stepped_over_after_max_attempts_is_raised_says_why_it_sti
     actions.queue_drain(group_id=group.id)
     lead.refresh_from_db()
     assert lead.queue_reason == "parked by a manager"
+
+
+@pytest.mark.django_db
+def test_a_queued_leads_no_members_reason_gives_way_once_a_paused_member_joins(
+    api, make_group, django_capture_on_commit_callbacks
+):
+    """Queued with "group has no members", a lead kept that reason after a paused member
+    joined: the manager working the queue read that nobody was in the group."""
+    group, _ = make_group(0, slug="emea")
+    lead = post(api, group="emea")
+    assert Lead.objects.get(pk=lead["id"]).queue_reason == "group 'emea' has no members"
+    with django_capture_on_commit_callbacks(execute=True):  # the drain the join asks for
+        services.membership_add(group=group, rep=RepFactory(), actor="test", active=False)
+    stored = Lead.objects.get(pk=lead["id"])
+    assert (stored.status, stored.queue_reason) == ("queued", "no eligible rep in group 'emea'")
