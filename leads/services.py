@@ -733,15 +733,15 @@ def _intake_locked_many(jobs: list[IntakeJob]) -> list[IntakeResult | None]:
 
 def _intake_locked_many_current(jobs: list[IntakeJob], now: datetime) -> list[IntakeResult]:
     """`_intake_locked_many` for the jobs whose configuration is current, after the email locks."""
-    sinces = [now - timedelta(days=_dedup_window(job)) for job in jobs]
+    windows = [_dedup_window(job) for job in jobs]  # 0: no window, nothing looked for (see `_intake_locked`)
+    sinces = [now - timedelta(days=window) for window in windows]
     newest = routing_sql.open_leads_newest(
         emails=[job.email_normalized for job in jobs], statuses=DEDUP_STATUSES, since=min(sinces)
     )
     results: list[IntakeResult | None] = []
     fresh: list[IntakeJob] = []
-    for job, since in zip(jobs, sinces, strict=True):
+    for job, window, since in zip(jobs, windows, sinces, strict=True):
         found = newest.get(job.email_normalized)
-        window = _dedup_window(job)  # 0: no window, nothing looked for (see `_intake_locked`)
         existing = _open_lead(job.email_normalized, since) if window and found is not None and found >= since else None
         if existing is not None:
             results.append(_duplicate(job, existing, window))
