@@ -83,13 +83,17 @@ keep_running() {
 }
 
 # Two workers: routing (SLA timers, queue drains) and notifications (webhooks, e-mails), so
-# that a slow webhook receiver never delays an escalation. --quiet: no start-up banner, which
-# Celery prints outside logging (not JSON under LOG_FORMAT=json).
+# that a slow webhook receiver never delays an escalation. Notifications wait on the network,
+# not the CPU: that worker runs threads (NOTIFY_WORKER_CONCURRENCY, 8), so a receiver slow to
+# answer holds one of them per delivery, not the worker, and the reps' e-mails go out beside
+# it. --quiet: no start-up banner, which Celery prints outside logging (not JSON under
+# LOG_FORMAT=json).
 keep_running var/log/worker.log \
 "$VENV/bin/celery" -A routing_project --quiet worker -Q celery -n "routing.$PORT@%h" --loglevel INFO --concurrency 2 &
 pids+=($!)
 keep_running var/log/notify-worker.log \
-"$VENV/bin/celery" -A routing_project --quiet worker -Q notify -n "notify.$PORT@%h" --loglevel INFO --concurrency 2 &
+"$VENV/bin/celery" -A routing_project --quiet worker -Q notify -n "notify.$PORT@%h" --loglevel INFO \
+    --pool threads --concurrency "${NOTIFY_WORKER_CONCURRENCY:-8}" &
 pids+=($!)
 keep_running var/log/beat.log \
 "$VENV/bin/celery" -A routing_project --quiet beat --loglevel INFO --schedule var/celerybeat-schedule &

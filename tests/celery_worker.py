@@ -24,6 +24,9 @@ from django.conf import settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 XDIST = os.environ.get("PYTEST_XDIST_WORKER", "main")
+# How `make run` (scripts/run.sh) and docker-compose.yml start the notify worker's pool
+# (tests/ops/test_compose.py holds both to it).
+NOTIFY_POOL_ARGS = ("--pool", "threads", "--concurrency", "8")
 
 
 def broker_purge() -> None:
@@ -43,9 +46,19 @@ def database_url() -> str:
 
 
 class Worker:
-    def __init__(self, tmp: Path, *, beat: bool = True, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        beat: bool = True,
+        env: dict[str, str] | None = None,
+        queues: str = "celery,notify",
+        pool_args: tuple[str, ...] = ("--concurrency", "2"),
+    ) -> None:
         self.tmp = tmp
         self.beat = beat
+        self.queues = queues
+        self.pool_args = pool_args
         self.extra_env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -78,11 +91,10 @@ class Worker:
             "routing_project",
             "worker",
             "-Q",
-            "celery,notify",
+            self.queues,
             "--loglevel",
             "INFO",
-            "--concurrency",
-            "2",
+            *self.pool_args,
             "--hostname",
             f"test-{XDIST}-{os.getpid()}-{self.starts}@%h",
             "--without-gossip",

@@ -15,9 +15,16 @@ class Receiver:
     url: str = ""
     statuses: list[int] = field(default_factory=lambda: [200])
     requests: list[dict] = field(default_factory=list)
+    # Cleared: each request waits (up to a minute) until it is set again, a receiver slow to answer.
+    answering: threading.Event = field(default_factory=lambda: _set(threading.Event()))
 
     def next_status(self) -> int:
         return self.statuses.pop(0) if len(self.statuses) > 1 else self.statuses[0]
+
+
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
 
 
 @pytest.fixture
@@ -28,6 +35,7 @@ def receiver() -> Iterator[Receiver]:
         def do_POST(self) -> None:  # noqa: N802
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             rec.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+            rec.answering.wait(timeout=60)
             status = rec.next_status()
             payload = json.dumps({"ok": status < 300}).encode()
             self.send_response(status)
@@ -46,5 +54,6 @@ def receiver() -> Iterator[Receiver]:
     try:
         yield rec
     finally:
+        rec.answering.set()
         server.shutdown()
         server.server_close()

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from notifications.models import Delivery, OutboxMessage, WebhookEndpoint
-from tests.celery_worker import celery_worker_factory, wait_for  # noqa: F401 - the fixture
+from tests.celery_worker import NOTIFY_POOL_ARGS, celery_worker_factory, wait_for  # noqa: F401 - the fixture
 from tests.conftest import lead_body
 
 pytestmark = [
@@ -39,6 +39,30 @@ def test_the_worker_delivers_after_commit_and_retries_with_backoff(api, make_gro
     assert OutboxMessage.objects.get(lead_id=lead_id).dispatched_at is not None
     assert len(receiver.requests) == 2
     assert json.loads(receiver.requests[-1]["body"])["lead"]["id"] == lead_id
+
+
+def test_a_receiver_slow_to_answer_does_not_hold_back_the_reps_emails(api, make_group, receiver, celery_worker_factory):  # noqa: F811
+    # The notify worker as `make run` and docker-compose start it. With two slots, two
+    # webhook sends waiting on a slow receiver held every e-mail behind them until it answered.
+    worker = celery_worker_factory(
+        beat=False, queues="notify", pool_args=NOTIFY_POOL_ARGS, env={"NOTIFY_WEBHOOK_TIMEOUT_S": "60"}
+    )
+    worker.start()
+    group, reps = make_group(2, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.answering.clear()
+    leads = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"] for _ in range(3)]
+
+    def emails_sent() -> bool:
+        return Delivery.objects.filter(message__lead_id__in=leads, channel="email", status="sent").count() == 3
+
+    assert wait_for(emails_sent, timeout=30), worker.log()
+    # Every webhook send is under way, waiting for its answer, none of them sent.
+    assert wait_for(lambda: len(receiver.requests) == 3, timeout=30), worker.log()
+    assert not Delivery.objects.filter(channel="webhook", status="sent").exists()
+    receiver.answering.set()
+    webhooks_sent = lambda: Delivery.objects.filter(channel="webhook", status="sent").count() == 3  # noqa: E731
+    assert wait_for(webhooks_sent, timeout=30), worker.log()
 
 
 def test_the_worker_logs_json_records_with_no_contact_data(api, make_group, celery_worker_factory):  # noqa: F811

@@ -15,6 +15,8 @@ import pytest
 import yaml
 from django.http.request import split_domain_port, validate_host
 
+from tests.celery_worker import NOTIFY_POOL_ARGS
+
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 
 
@@ -26,6 +28,13 @@ def test_celery_services_print_no_banner_outside_the_json_lines():
     assert set(celery) == {"worker", "notifier", "beat"}
     for name, command in celery.items():
         assert command[:4] == ["celery", "-A", "routing_project", "--quiet"], (name, command)  # before the subcommand
+
+
+def test_the_notifier_runs_the_pool_the_tests_run():
+    # Threads: a delivery waits on the network, and a receiver slow to answer must not hold
+    # the whole worker (tests/notifications/test_worker_delivery.py).
+    command = yaml.safe_load(COMPOSE.read_text())["services"]["notifier"]["command"]
+    assert command[-len(NOTIFY_POOL_ARGS) :] == list(NOTIFY_POOL_ARGS), command
 
 
 def test_make_run_starts_celery_without_the_banner():
@@ -124,6 +133,8 @@ def test_make_run_starts_a_worker_again_when_it_is_killed(tmp_path):
     calls = (tmp_path / "celery.calls").read_text().splitlines()
     assert sum("-Q celery" in c for c in calls) == 2, (calls, done.stderr[-2000:])  # killed, started again
     assert sum("-Q notify" in c for c in calls) == 1 and sum(" beat " in c for c in calls) == 1, calls
+    # The notify worker's pool is the one tests/notifications/test_worker_delivery.py runs.
+    assert [c for c in calls if "-Q notify" in c][0].endswith(" ".join(NOTIFY_POOL_ARGS)), calls
     assert "var/log/worker.log: the process stopped" in done.stderr
     for pid in (tmp_path / "celery.pids").read_text().split():
         with pytest.raises(ProcessLookupError):
