@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -365,6 +365,46 @@ def decide(
         else {},
         candidates=described,
     )
+
+
+def turns_ahead(
+    *,
+    strategy: str,
+    pointer: int,
+    current_weights: dict[str, int],
+    facts: Iterable[MemberFacts],
+    now: datetime,
+    limit: int = 500,
+) -> dict[int, int]:
+    """Pure: in how many leads each member eligible now gets its next one (1: the next lead),
+    if nothing changes meanwhile but the leads themselves (each stays open and counts today,
+    so caps fill and least loaded moves on). Played out by the strategy `decide` uses, so it
+    is the rotation's own answer, not a reading of its state. A member not reached within
+    `limit` leads is left out."""
+    members = {f.rep_id: f for f in facts}
+    candidates = {
+        rep_id: strategies.Candidate(rep_id, f.position, f.weight, eligibility(f, now)[0], "", f.open)
+        for rep_id, f in members.items()
+    }
+    waiting = {rep_id for rep_id, c in candidates.items() if c.eligible}
+    found: dict[int, int] = {}
+    for lead in range(1, limit + 1):
+        if not waiting:
+            break
+        picked = strategies.pick(strategy, list(candidates.values()), pointer, current_weights)
+        if picked.rep_id is None:
+            break
+        if picked.rep_id in waiting:
+            waiting.discard(picked.rep_id)
+            found[picked.rep_id] = lead
+        pointer = picked.pointer
+        if strategy == "weighted":
+            current_weights = picked.current_weights
+        # Only the member given the lead changes: one more open, one more today (its caps).
+        f = members[picked.rep_id]
+        f = members[picked.rep_id] = replace(f, open=f.open + 1, assigned_today=f.assigned_today + 1)
+        candidates[picked.rep_id] = replace(candidates[picked.rep_id], eligible=eligibility(f, now)[0], open=f.open)
+    return found
 
 
 def advance(state: RotationState, decision: Decision) -> None:

@@ -14,6 +14,9 @@ from rotation.strategies import turn_weight
 from . import routing
 from .models import Assignment
 
+# How far the rotation view plays the rotation out to say when each member's next turn comes.
+AHEAD_LIMIT = 500
+
 
 def rotation_view(*, group: Group) -> dict[str, Any]:
     """Pointer, who is next, and each member's eligibility right now, with counts today and
@@ -29,6 +32,19 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
         current_weights=state.current_weights or {},
         facts=facts,
         now=now,
+    )
+    # Played out only where the group routes at all: an inactive group's leads are queued.
+    ahead = (
+        routing.turns_ahead(
+            strategy=group.strategy,
+            pointer=state.pointer,
+            current_weights=state.current_weights or {},
+            facts=facts,
+            now=now,
+            limit=AHEAD_LIMIT,
+        )
+        if group.active
+        else {}
     )
     week = dict(
         Assignment.objects.filter(group=group, started_at__gte=routing.week_start(now, group.timezone))
@@ -58,6 +74,7 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
                 "eligible": ok,
                 "reason": reason or None,
                 "current_weight": current if group.strategy == "weighted" else None,
+                "leads_ahead": ahead.get(f.rep_id),
                 "open": f.open,
                 "assigned_today": f.assigned_today,
                 "assigned_week": week.get(f.rep_id, 0),

@@ -229,7 +229,7 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     def rotation_view(self, obj: Group) -> str:
         if obj.pk is None:
             return "Saved groups show their rotation here."
-        from leads.selectors import rotation_view
+        from leads.selectors import AHEAD_LIMIT, rotation_view
 
         # As saved: on a form with errors `obj` holds the refused values (a bad time zone).
         stored = Group.objects.filter(pk=obj.pk).first()
@@ -247,7 +247,13 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         start = next((p for p in positions if p >= view["pointer"]), positions[0] if positions else None)
         wrapped = bool(positions) and view["pointer"] > positions[-1]
         # The strategy as the form names it ("Round robin"), not its code.
-        context = {"view": view, "strategy": stored.get_strategy_display(), "start": start, "wrapped": wrapped}
+        context = {
+            "view": view,
+            "strategy": stored.get_strategy_display(),
+            "start": start,
+            "wrapped": wrapped,
+            "ahead_limit": AHEAD_LIMIT,
+        }
         return render_to_string("admin/rotation/rotation_view.html", context)
 
     def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:

@@ -312,6 +312,13 @@ class RotationMemberSerializer(serializers.Serializer):
         "the eligible, the lowest goes next (ties by position). A member away keeps its distance and earns "
         "nothing meanwhile. Null for the other strategies, and for a member with no turn placed yet.",
     )
+    leads_ahead = serializers.IntegerField(
+        allow_null=True,
+        help_text="Which lead from now the member gets next (1: the next lead), played out by the rotation "
+        "if nothing changes meanwhile but the leads themselves (nobody paused or back, no lead closed; each "
+        "lead counts against its rep's caps). Null for a member not eligible now, in an inactive group, or "
+        "not reached within 500 leads.",
+    )
     open = serializers.IntegerField()
     assigned_today = serializers.IntegerField()
     assigned_week = serializers.IntegerField()

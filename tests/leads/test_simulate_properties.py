@@ -171,6 +171,9 @@ def check_post(api, group, body, owned):
     assert lead["queue_reason"] == sim["queue_reason"], ctx
     if view is not None and not owned:
         assert (view["next"] or {}).get("id") == (lead["owner"] or {}).get("id"), ctx
+        # The member whose next turn is the next lead is the one routing chose.
+        first = [m["rep"]["id"] for m in view["members"] if m["leads_ahead"] == 1]
+        assert first == ([lead["owner"]["id"]] if lead["owner"] else []), ctx
     events = api.get(f"/api/v1/leads/{lead['id']}/events/").json()
     events = events["results"] if isinstance(events, dict) else events
     outcome = [e for e in events if e["type"] in ("lead.assigned", "lead.queued")]

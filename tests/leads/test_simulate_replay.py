@@ -154,6 +154,36 @@ def test_rotation_view_next_is_what_routing_does(api, make_group, strategy):
     assert capped["eligible"] is False and capped["reason"] == "at max_per_day cap (2/2)"
 
 
+@pytest.mark.parametrize("strategy", ["round_robin", "weighted", "least_loaded"])
+def test_rotation_view_says_which_lead_each_member_gets_next(api, make_group, strategy):
+    """`leads_ahead` is the rotation played out: with nothing changed but the leads, each
+    member eligible now gets exactly that lead from now as its first, caps filling on the way;
+    and after each lead every other prediction is one lead nearer."""
+    group, reps = make_group(5, slug="pool", strategy=strategy)
+    Membership.objects.filter(rep=reps[0]).update(weight=3)
+    Membership.objects.filter(rep=reps[1]).update(weight=2, max_per_day=1)
+    Membership.objects.filter(rep=reps[2]).update(max_open=2)
+    Membership.objects.filter(rep=reps[4]).update(active=False)
+    for _ in range(4):  # mid-rotation, with open leads on the way
+        post(api, "pool")
+    view = api.get("/api/v1/groups/pool/rotation/").json()
+    ahead = {m["rep"]["id"]: m["leads_ahead"] for m in view["members"]}
+    assert ahead[reps[4].id] is None  # paused: no turn while it is
+    assert sorted(n for n in ahead.values() if n is not None)[0] == 1
+    assert next(rep for rep, n in ahead.items() if n == 1) == view["next"]["id"]
+    firsts: dict[int, int] = {}
+    for lead in range(1, 11):
+        owner = post(api, "pool")["owner"]["id"]
+        firsts.setdefault(owner, lead)
+        now = {m["rep"]["id"]: m["leads_ahead"] for m in api.get("/api/v1/groups/pool/rotation/").json()["members"]}
+        for rep_id, n in ahead.items():
+            if n is not None and n > lead:
+                assert now[rep_id] == n - lead, (strategy, lead, rep_id, ahead, now)
+    predicted = {rep: n for rep, n in ahead.items() if n is not None and n <= 10}
+    assert {rep: firsts[rep] for rep in predicted} == predicted, (strategy, ahead, firsts)
+    assert reps[4].id not in firsts
+
+
 def test_group_admin_page_shows_the_rotation(client, django_user_model, make_group, api):
     group, reps = make_group(2, slug="pool", strategy="weighted")
     post(api, "pool")

@@ -94,10 +94,14 @@ def test_a_weighted_groups_page_says_an_ineligible_members_next_turn_waits_for_i
         api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
     Membership.objects.filter(group=group, rep=reps[2]).update(active=False)
     html = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
-    row = html.split(reps[2].name, 1)[1].split("</tr>", 1)[0]
-    assert "no: " in row and ", once eligible</td>" in row
-    eligible = html.split(reps[0].name, 1)[1].split("</tr>", 1)[0]
-    assert "once eligible" not in eligible
+    row = html.split(f"<td>{reps[2].name}</td>", 1)[1].split("</tr>", 1)[0]
+    assert "no: " in row and "<td>once eligible</td>" in row
+    # Each eligible member's next turn, as the lead it will be: reps[0] and reps[1] took a
+    # lead each, and with reps[2] out they take turns again.
+    first = html.split(f"<td>{reps[0].name}</td>", 1)[1].split("</tr>", 1)[0]
+    second = html.split(f"<td>{reps[1].name}</td>", 1)[1].split("</tr>", 1)[0]
+    assert "once eligible" not in first + second
+    assert "<td>the next lead</td>" in first and "<td>lead 2 from now</td>" in second, (first, second)
 
 
 def test_group_page_shows_the_week_share_as_it_shows_the_weight_share(staff, api, make_group):
