@@ -7,8 +7,9 @@ needs the key itself. So these columns hold a Fernet token (AES-128-CBC with HMA
 
 Keys: SECRET_BOX_KEYS (comma-separated Fernet keys, `Fernet.generate_key()`); the first one
 encrypts, every one decrypts, so a key is rotated by putting a new one first and re-saving
-(`manage.py reseal_secrets`). Without SECRET_BOX_KEYS the key is derived from SECRET_KEY:
-then changing SECRET_KEY makes the stored secrets unreadable, so production should set
+(`manage.py reseal_secrets`). Without SECRET_BOX_KEYS the key is derived from SECRET_KEY
+(and those of SECRET_KEY_FALLBACKS decrypt): then changing SECRET_KEY without keeping the old
+one among the fallbacks makes the stored secrets unreadable, so production should set
 SECRET_BOX_KEYS.
 """
 
@@ -27,11 +28,19 @@ from django.db import models
 PREFIX = "fernet:"
 
 
+def _derived(secret_key: str) -> str:
+    return base64.urlsafe_b64encode(
+        hashlib.sha256(b"leadrouter secret box\x00" + secret_key.encode()).digest()
+    ).decode()
+
+
 @cache
-def _box(keys: tuple[str, ...], secret_key: str) -> MultiFernet:
+def _box(keys: tuple[str, ...], secret_key: str, fallbacks: tuple[str, ...] = ()) -> MultiFernet:
     if not keys:
-        derived = hashlib.sha256(b"leadrouter secret box\x00" + secret_key.encode()).digest()
-        keys = (base64.urlsafe_b64encode(derived).decode(),)
+        # Derived from SECRET_KEY; those of SECRET_KEY_FALLBACKS (Django's rotation of the key)
+        # still decrypt, so a new SECRET_KEY leaves the stored secrets readable until
+        # `reseal_secrets` has sealed them again under it.
+        keys = (_derived(secret_key), *(_derived(old) for old in fallbacks))
     try:
         return MultiFernet([Fernet(key.encode()) for key in keys])
     except ValueError as exc:
@@ -39,7 +48,11 @@ def _box(keys: tuple[str, ...], secret_key: str) -> MultiFernet:
 
 
 def box() -> MultiFernet:
-    return _box(tuple(getattr(settings, "SECRET_BOX_KEYS", ())), settings.SECRET_KEY)
+    return _box(
+        tuple(getattr(settings, "SECRET_BOX_KEYS", ())),
+        settings.SECRET_KEY,
+        tuple(getattr(settings, "SECRET_KEY_FALLBACKS", ())),
+    )
 
 
 def seal(plain: str) -> str:
@@ -54,8 +67,8 @@ def unseal(stored: str) -> str:
         return box().decrypt(stored[len(PREFIX) :].encode()).decode()
     except InvalidToken:
         raise ImproperlyConfigured(
-            "A stored secret cannot be decrypted: SECRET_BOX_KEYS (or SECRET_KEY, when it is not set) "
-            "no longer holds the key it was encrypted with."
+            "A stored secret cannot be decrypted: SECRET_BOX_KEYS (or SECRET_KEY and SECRET_KEY_FALLBACKS, "
+            "when it is not set) no longer holds the key it was encrypted with."
         ) from None
 
 

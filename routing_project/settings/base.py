@@ -103,6 +103,9 @@ def _redis_url(name: str, url: str) -> None:
 
 
 SECRET_KEY = env("SECRET_KEY", default="dev-insecure-key-change-me")
+# Earlier keys, while links and sessions signed with them (and secrets sealed under them) are
+# still about: Django's rotation of SECRET_KEY.
+SECRET_KEY_FALLBACKS = env.list("SECRET_KEY_FALLBACKS", default=[])
 DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 

@@ -83,6 +83,23 @@ def test_a_hook_whose_secret_the_keys_no_longer_open_is_a_503_saying_so(make_gro
     assert any("SECRET_BOX_KEYS" in rec.getMessage() for rec in caplog.records)
 
 
+def test_a_new_secret_key_with_the_old_one_among_the_fallbacks_reads_and_reseals(make_group, settings):
+    """Without SECRET_BOX_KEYS the box key is derived from SECRET_KEY: Django's rotation of
+    the key (SECRET_KEY_FALLBACKS) keeps the stored secrets readable until resealed."""
+    group, _reps = make_group(1)
+    settings.SECRET_BOX_KEYS = []
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "old-key-" + "x" * 50, []
+    endpoint = WebhookEndpoint.objects.create(group=group, url="https://hooks.example/in")
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "new-key-" + "y" * 50, ["old-key-" + "x" * 50]
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == endpoint.secret
+    call_command("reseal_secrets", stdout=io.StringIO())
+    settings.SECRET_KEY_FALLBACKS = []  # the old key dropped after resealing
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == endpoint.secret
+    settings.SECRET_KEY = "old-key-" + "x" * 50
+    with pytest.raises(ImproperlyConfigured, match="SECRET_KEY_FALLBACKS"):
+        WebhookEndpoint.objects.get(pk=endpoint.pk)
+
+
 def test_a_secret_stored_before_encryption_reads_as_it_is_and_is_sealed_by_reseal(make_group):
     group, _reps = make_group(1)
     endpoint = WebhookEndpoint.objects.create(group=group, url="https://hooks.example/in")
