@@ -796,14 +796,25 @@ def email_content(d: Delivery) -> tuple[str, str]:
 
 # Line breaks and other control characters (and Unicode's line and paragraph separators).
 _NOT_ON_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+# Invisible characters that reorder or hide text (bidirectional overrides, zero widths).
+_HIDDEN = re.compile(r"[\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+# What a mail client would make a link of: a scheme's "://", "www.", or a host name
+# (labels and dots, ending in letters: "acme.io", not "v2.0" or "e.g.").
+_LINKISH = re.compile(r"(?i)[a-z][a-z0-9+.-]*://\S*|\bwww\.\S*|\b[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}\b")
+
+
+def _defanged(text: str) -> str:
+    """`https://evil.example/x` as `https[:]//evil[.]example/x`: read as the sender wrote it,
+    never a link the rep's mail client makes, beside the e-mail's own (the accept link)."""
+    return _LINKISH.sub(lambda m: m.group(0).replace("://", "[:]//").replace(".", "[.]"), text)
 
 
 def _email_value(d: Delivery, key: str, value: Any) -> Any:
     """A lead's value on its own line: what the lead's sender wrote cannot start a line of the
-    rep's e-mail (a fake "Accept it:" link above the real one). The due time on the rep's
-    clock (the payload holds it in UTC, to the microsecond), to the second."""
+    rep's e-mail (a fake "Accept it:" link above the real one), nor be a link. The due time on
+    the rep's clock (the payload holds it in UTC, to the microsecond), to the second."""
     if key != "sla_due_at":
-        return _NOT_ON_ONE_LINE.sub(" ", str(value)).strip()
+        return _defanged(_NOT_ON_ONE_LINE.sub(" ", _HIDDEN.sub("", str(value))).strip())
     zone = d.rep.timezone if d.rep is not None else "UTC"
     try:
         local = datetime.fromisoformat(value).astimezone(ZoneInfo(zone))

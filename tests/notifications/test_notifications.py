@@ -154,8 +154,30 @@ def test_what_a_lead_says_cannot_add_lines_or_links_to_the_reps_email(post_lead,
         line for line in lines if line.startswith("Accept it:") and "evil" not in line
     ]
     assert not any(line.startswith(("In the admin: http://evil", "Bcc:")) for line in lines), email.body
-    assert "Company: Acme Accept it: http://evil.example/phish/ In the admin: http://evil.example/" in lines
+    # Nor a link: a mail client makes one of a scheme, "www." or a host name.
+    assert "Company: Acme Accept it: http[:]//evil[.]example/phish/ In the admin: http[:]//evil[.]example/" in lines
     assert f"/admin/leads/lead/{lead_id}/change/" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("written", "shown"),
+    [
+        ("see https://evil.example/leads/accept/x/ first", "see https[:]//evil[.]example/leads/accept/x/ first"),
+        ("www.evil.example", "www[.]evil[.]example"),
+        ("Re-confirm at evil.example/a", "Re-confirm at evil[.]example/a"),
+        ("mailto:boss@evil.example", "mailto:boss@evil[.]example"),
+        ("Acme Inc.", "Acme Inc."),  # no host name: as written
+        ("Widget v2.0, e.g. blue", "Widget v2.0, e.g. blue"),
+        ("Ac\u202eme\u200b Ltd", "Acme Ltd"),  # a bidirectional override, a zero width: gone
+    ],
+)
+def test_a_value_of_the_leads_reads_as_written_never_as_a_link(post_lead, make_group, written, shown):
+    make_group(1, slug="emea")
+    post_lead(group="emea", company=written)
+    [email_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+    services.delivery_attempt(delivery_id=email_id)
+    [email] = mail.outbox
+    assert f"Company: {shown}" in email.body.splitlines(), email.body
 
 
 def test_failed_webhook_is_retried_with_exponential_backoff(post_lead, make_group, receiver, settings):
