@@ -22,6 +22,17 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class RefusalWithoutTracebackFilter(logging.Filter):
+    """Django logs a 403 (a user refused a page their role may not open) with the traceback of
+    the PermissionDenied behind it: thirty lines of the framework's own stack for a refusal
+    that is working as meant. The one line stays, with the path and the status."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "status_code", None) == 403:
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def _task_id(record: logging.LogRecord) -> str | None:
     """The id of the task a Celery worker line is about: its "received" line is written before
     the task runs (its id in force), with the task's context as the record's `data`."""

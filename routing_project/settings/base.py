@@ -572,6 +572,7 @@ LOGGING: dict[str, Any] = {
         "request_id": {"()": "routing_project.logging.RequestIdFilter"},
         # The safety net: redacts emails, phone numbers, tokens and signatures in every record.
         "redact": {"()": "security.redaction.RedactingFilter"},
+        "refusal_without_traceback": {"()": "routing_project.logging.RefusalWithoutTracebackFilter"},
     },
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
@@ -590,12 +591,17 @@ LOGGING: dict[str, Any] = {
         # Django's own console handler (DEBUG only) would print its records a second time.
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.db.backends": {"level": "WARNING"},
+        "django.request": {"filters": ["refusal_without_traceback"]},
     },
 }
 
 # The embedded SQLite default serializes all writers, so the deferred position constraint
 # (PostgreSQL) has nothing to add there.
 SILENCED_SYSTEM_CHECKS = ["models.W038"]
+
+# The admin's login page sends a user whose `next` is not safe (another site) here, not to
+# Django's default /accounts/profile/, which this product does not have (a 404).
+LOGIN_REDIRECT_URL = "admin:index"
 
 # --- Numbers that cannot work ------------------------------------------------------------------
 # Each stops the start naming the setting: taken as they were, they showed only as symptoms.

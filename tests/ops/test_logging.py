@@ -170,3 +170,21 @@ def test_a_task_run_inside_a_request_keeps_the_requests_id():
         assert request_id_var.get() == "req-9"
     finally:
         request_id_var.reset(token)
+
+
+@pytest.mark.django_db
+def test_a_page_refused_to_a_role_is_one_line_not_a_traceback(client, django_user_model, caplog):
+    """A staff user opening a page their role may not (a 403) wrote the PermissionDenied's
+    whole traceback: 131 of them in one walk through the admin, refusals working as meant."""
+    client.force_login(django_user_model.objects.create_user("clerk", "clerk@example.com", "pw", is_staff=True))
+    with caplog.at_level(logging.WARNING, logger="django.request"):
+        assert client.get("/admin/leads/apiclient/").status_code == 403
+    (refused,) = [r for r in caplog.records if r.name == "django.request"]
+    assert "Forbidden" in refused.getMessage() and refused.exc_info is None and refused.exc_text is None
+
+
+@pytest.mark.django_db
+def test_a_login_whose_next_is_another_site_lands_on_the_admin(client, django_user_model):
+    django_user_model.objects.create_superuser("ops", "ops@example.com", "pw-long-enough-1")
+    r = client.post("/admin/login/?next=//evil.example/", {"username": "ops", "password": "pw-long-enough-1"})
+    assert (r.status_code, r["Location"]) == (302, "/admin/")
