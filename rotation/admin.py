@@ -29,7 +29,7 @@ from .domains import domain_unicode
 from .eligibility import reason_in_words
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule, is_timezone
 from .rules import LEAD_FIELDS
-from .services import MAX_POSITION, MAX_PRIORITY
+from .services import MAX_GIVEN_POSITION, MAX_POSITION, MAX_PRIORITY
 
 
 def admin_actor(request: HttpRequest) -> str:
@@ -82,7 +82,7 @@ class MembershipForm(EditedFieldsForm):
     position = forms.IntegerField(
         required=False,
         min_value=0,
-        max_value=MAX_POSITION,  # as the API: far past it, appending would overflow the column
+        max_value=MAX_GIVEN_POSITION,  # as the API: room above it for the joiners appended after
         help_text="Leave empty to append at the end of the rotation.",
     )
 

@@ -101,7 +101,11 @@ def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
     return _Change(False, fields, {name: _plain(stored[name]) for name in fields})
 
 
-# The highest position the API and the admin take (far past it, appending would overflow).
+# The highest position a member may be given (API, admin), and the highest one appending may
+# reach (far past it, appending would overflow the column). The room between them is for the
+# joiners appended after a member given the highest: one request giving a member the very
+# last position left every later joiner without a place to be appended to.
+MAX_GIVEN_POSITION = 100_000
 MAX_POSITION = 1_000_000
 # The highest rule priority the API and the admin take.
 MAX_PRIORITY = 1_000_000

@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from rotation.eligibility import DAYS, validate_working_hours
 from rotation.models import Group, Membership, Rep, group_slug_taken_in_another_case, rep_email_taken
-from rotation.services import MAX_POSITION
+from rotation.services import MAX_GIVEN_POSITION
 from routing_project.api import DecimalField, RejectUnknownFieldsMixin, ascii_email
 
 
@@ -119,7 +119,7 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
     )
     name = serializers.CharField(source="rep.name", read_only=True)
     # Left out or null: appended (the admin's empty position too).
-    position = serializers.IntegerField(min_value=0, max_value=MAX_POSITION, required=False, allow_null=True)
+    position = serializers.IntegerField(min_value=0, max_value=MAX_GIVEN_POSITION, required=False, allow_null=True)
     weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     max_open = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
     max_per_day = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)

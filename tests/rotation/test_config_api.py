@@ -398,19 +398,28 @@ def test_a_member_posted_with_a_null_position_is_appended(api, make_group):
     assert event.explanation["changes"] == {"position": 3, "weight": 2}, event.explanation
 
 
-def test_appending_past_the_highest_position_is_a_400_naming_it(api, make_group):
-    """A member moved to the last position (1,000,000): the next joiner left to be appended
-    would take a position no member may have; it is told to give one instead."""
+def test_a_member_given_the_highest_position_still_lets_joiners_be_appended(api, make_group):
+    """A member given the highest position a client could give (1,000,000, the most appending
+    could reach) left every later joiner without a place: each got a 400. A client gives at
+    most 100,000; appending goes on past it."""
+    from rotation.services import MAX_GIVEN_POSITION, MAX_POSITION
     from tests.factories import RepFactory
 
     group, (a,) = make_group(1, slug="pool")
-    r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": 1_000_000}, format="json")
+    r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": MAX_GIVEN_POSITION + 1}, format="json")
+    assert r.status_code == 400 and "100000" in r.json()["position"][0], r.content
+    r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": MAX_GIVEN_POSITION}, format="json")
     assert r.status_code == 200, r.content
     b = RepFactory()
     r = api.post("/api/v1/groups/pool/members/", {"rep": b.id}, format="json")
+    assert (r.status_code, r.json()["position"]) == (201, MAX_GIVEN_POSITION + 1), r.content
+    # Appending can still run out, in a group renumbered past it by hand: a 400 naming it.
+    Membership.objects.filter(group=group, rep=b).update(position=MAX_POSITION)
+    c = RepFactory()
+    r = api.post("/api/v1/groups/pool/members/", {"rep": c.id}, format="json")
     assert r.status_code == 400 and "highest" in r.json()["position"][0], r.content
-    assert not group.memberships.filter(rep=b).exists()
-    r = api.post("/api/v1/groups/pool/members/", {"rep": b.id, "position": 3}, format="json")
+    assert not group.memberships.filter(rep=c).exists()
+    r = api.post("/api/v1/groups/pool/members/", {"rep": c.id, "position": 3}, format="json")
     assert r.status_code == 201, r.content
 
 
