@@ -28,10 +28,20 @@ _WRITE = {
 _EVERY = {
     "406": "The Accept header excludes JSON, the only type this API answers in.",
     "503": "The database is unavailable, or a row this request needs is busy; retry after `Retry-After` seconds.",
+    # Answered by the web server (gunicorn) before the application, in JSON too
+    # (routing_project/web_worker.py): any operation can get them.
+    "414": "The request line (path and query string) is over 4,094 bytes.",
+    "431": "A request header, or all of them, too large.",
 }
+# The web server's answer to a request it cannot read (a malformed request line or header).
+_MALFORMED = "A malformed request (request line, header or query parameter)."
 # Posted to, but write nothing (what-if answers): nothing of theirs can conflict with a write.
 _WRITES_NOTHING = {("post", "/api/v1/routing/simulate/"), ("post", "/api/v1/routing/replay/")}
 _RETRY_AFTER = {"schema": {"type": "integer"}, "description": "Seconds to wait."}
+_RETRY_AFTER_IN_FLIGHT = {
+    "schema": {"type": "integer"},
+    "description": "Seconds to wait: sent when a request with the same Idempotency-Key is still being answered.",
+}
 _BODY = {
     "400": "Validation error naming every bad field.",
     "413": "Request body over 64 KiB.",
@@ -68,6 +78,7 @@ def document_common_errors(result: dict[str, Any], generator: Any, request: Any,
                 wanted.setdefault("400", "Invalid query parameter.")
             if "page" in query:
                 wanted.setdefault("404", "No such page.")
+            wanted.setdefault("400", _MALFORMED)
             for code, description in wanted.items():
                 if code not in responses:
                     ref = "#/components/schemas/ValidationErrorBody" if code == "400" else error_ref
@@ -76,6 +87,9 @@ def document_common_errors(result: dict[str, Any], generator: Any, request: Any,
             for code in ("429", "503"):
                 if code in responses:
                     responses[code].setdefault("headers", {}).setdefault("Retry-After", _RETRY_AFTER)
+            if "409" in responses and method == "post":
+                # A retry while the first request with its Idempotency-Key is still answered.
+                responses["409"].setdefault("headers", {}).setdefault("Retry-After", _RETRY_AFTER_IN_FLIGHT)
     return result
 
 
