@@ -31,7 +31,7 @@ from audit.models import AuditEvent
 from audit.services import Event, audit_record_bulk, audit_record_many
 from notifications.models import OutboxMessage
 from notifications.services import outbox_announce_many_on_commit
-from rotation.eligibility import MemberFacts, eligibility, working_hours_starts
+from rotation.eligibility import AWAY_UNTIL, MemberFacts, eligibility, working_hours_starts
 from rotation.models import Absence, Group, Membership, Rep, RotationState
 from routing_project import metrics
 from routing_project.bulkdb import objects_create, objects_update
@@ -450,7 +450,7 @@ def _escalate_many_locked(
             )
             explanation.update(decision.explanation())
             if decision.rep_id is None:
-                _queue(lead, f"SLA missed; no eligible rep in '{group.slug}' who has not had this lead")
+                _queue(lead, f"SLA missed; {_none_left(group, decision.candidates)}")
             else:
                 new = Assignment(
                     lead=lead,
@@ -1423,6 +1423,17 @@ def _drain_one(state: RotationState, cursor: list[int], actor: str, because: str
         events=[Event(AuditEvent.Type.LEAD_ASSIGNED, actor, lead.id, group.slug, decision.rep_id, explanation)]
     )
     return "assigned"
+
+
+def _none_left(group: Group, candidates: Iterable[Mapping[str, Any]]) -> str:
+    """Why an escalation found nobody, as the queue says it: every member had the lead, or
+    what keeps out those who did not (a cap, a pause, an absence), which is what a manager can
+    act on. "No eligible rep who has not had this lead" alone read as "everyone tried it"."""
+    others = [c["reason"] for c in candidates if c["reason"] != "already had this lead"]
+    if not others:
+        return f"every rep in '{group.slug}' has had this lead"
+    kinds = sorted({"out of office" if r.startswith(AWAY_UNTIL) else r.split(" (", 1)[0] for r in others})
+    return f"no eligible rep in '{group.slug}' who has not had this lead (the others: {', '.join(kinds)})"
 
 
 def _requeue_reason(lead: Lead, group: Group) -> None:

@@ -8,7 +8,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.summary import event_summary, rep_ids
 from leads import actions
-from leads.models import Assignment
+from leads.models import Assignment, Lead
 from leads.tokens import api_client_audit_created, api_client_create
 from rotation.models import Account, Membership, Rep, RoutingRule
 from tests.conftest import lead_body
@@ -61,7 +61,10 @@ def test_an_escalation_into_the_queue_reads_as_queued_not_as_given_to_nobody(api
     text = summary(event)
     assert "nobody" not in text and "Given to" not in text, text
     assert f"SLA of {reps[0].name} (#{reps[0].id}) missed (attempt 1" in text, text
-    assert "Sent to the fallback queue: SLA missed; no eligible rep in 'emea' who has not had this lead" in text
+    # What keeps out the rep who did not have it, not only that none was left (read as "all tried").
+    reason = "SLA missed; no eligible rep in 'emea' who has not had this lead (the others: at max_open cap)"
+    assert f"Sent to the fallback queue: {reason}" in text, text
+    assert Lead.objects.get(pk=lead["id"]).queue_reason == reason
     assert "no rule matched" not in text and "group from" not in text, text
     assert f"{reps[1].name}: at max_open cap (0/0)" in text, text
 

@@ -91,7 +91,7 @@ def test_escalation_never_returns_to_a_rep_who_had_the_lead(api, make_group):
         Assignment.objects.filter(pk=open_one.pk).update(due_at=timezone.now() - timedelta(seconds=1))
         actions.escalation_sweep()
     stored = Lead.objects.get(pk=lead["id"])
-    assert stored.status == "queued" and "who has not had this lead" in stored.queue_reason
+    assert (stored.status, stored.queue_reason) == ("queued", "SLA missed; every rep in 'emea' has had this lead")
     assert [a.rep_id for a in Assignment.objects.filter(lead_id=lead["id"]).order_by("attempt")] == [
         reps[0].id,
         reps[1].id,
