@@ -23,11 +23,13 @@ Holding a group's lock for a batch lifts the one-transaction-per-lead ceiling of
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import logging
 import multiprocessing
+import os
 import queue
 import re
 import threading
@@ -41,7 +43,7 @@ from typing import IO, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -379,12 +381,24 @@ def _read_ahead_process(items: Iterator[Any], *, depth: int) -> Iterator[Any]:
     receiver, sender = context.Pipe(duplex=False)
 
     def produce() -> None:
+        # The parent gone (killed, not Ctrl-C, which reaches both), this process must end
+        # too, and with it what it inherited: its copy of the pipe's read end kept a send
+        # blocked for ever (nobody would read, yet a reader was left), and its copy of the
+        # parent's database socket kept the parent's session, and the batch's rotation locks,
+        # open on the server: intake into those groups answered 503 until it was found and
+        # killed by hand. The socket is closed here, not the connection (that would end the
+        # parent's session under it).
+        receiver.close()
+        _forget_inherited_sockets()
         try:
             for item in items:
                 sender.send((True, item))
             sender.send((True, _DONE_MARK))
+        except BrokenPipeError:
+            return  # the parent is gone: nobody to hand anything to
         except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
-            sender.send((False, exc))
+            with contextlib.suppress(OSError):
+                sender.send((False, exc))
 
     child = context.Process(target=produce, name="import-reader", daemon=True)
     child.start()
@@ -405,6 +419,17 @@ def _read_ahead_process(items: Iterator[Any], *, depth: int) -> Iterator[Any]:
         if child.is_alive():
             child.terminate()
         child.join(timeout=5)
+
+
+def _forget_inherited_sockets() -> None:
+    """In a forked child: closes its copies of the parent's database sockets, so that the
+    parent's sessions end with the parent, whatever becomes of the child."""
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        if raw is None:
+            continue
+        with contextlib.suppress(Exception):
+            os.close(raw.fileno())
 
 
 _DONE_MARK = "__import_done__"

@@ -1,4 +1,6 @@
 import getpass
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,15 @@ from leads.bulk import (
 )
 
 
+class Terminated(KeyboardInterrupt):
+    """A TERM (`kill`, a service manager) ends the import as Ctrl-C does: the batch in progress
+    rolled back, the reader process stopped, and what is in said."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 class Command(BaseCommand):
     help = (
         "Imports and routes the leads of a CSV file (header: the API's lead fields, plus "
@@ -25,8 +36,8 @@ class Command(BaseCommand):
         "repeat an earlier row of the file are listed with its line). Exit status: "
         "0 when the file was read to its end (bad rows, if any, are listed on stderr and counted "
         "in the summary); 1 when the file cannot be imported (missing, unreadable, empty, bad header) or an "
-        "error stopped the import; 130 when interrupted (Ctrl-C): the batches committed before "
-        "stay, and running the same file again imports the rest."
+        "error stopped the import; 130 when interrupted (Ctrl-C), 143 when stopped by a TERM: the "
+        "batches committed before stay, and running the same file again imports the rest."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -46,6 +57,15 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return self._import(**options)  # signals reach the main thread only
+        previous = signal.signal(signal.SIGTERM, _terminated)
+        try:
+            return self._import(**options)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _import(self, **options: Any) -> None:
         path: Path = options["file"]
         if not path.exists():
             raise CommandError(f"No such file: {path}")
@@ -62,8 +82,8 @@ class Command(BaseCommand):
             total = count_rows(str(path))
         except OSError as exc:
             raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from exc
-        except KeyboardInterrupt:
-            raise CommandError("Interrupted before anything was imported.", returncode=130) from None
+        except KeyboardInterrupt as exc:
+            raise CommandError("Interrupted before anything was imported.", returncode=_status(exc)) from None
         bar = tqdm(
             total=total,
             unit="lead",
@@ -95,9 +115,9 @@ class Command(BaseCommand):
             bar.total = report.rows
         except ImportFormatError as exc:
             raise CommandError(str(exc)) from exc
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             # Each batch is its own transaction: say what is in, not a traceback.
-            raise CommandError(f"Interrupted: {self._so_far(committed, import_id)}", returncode=130) from None
+            raise CommandError(f"Interrupted: {self._so_far(committed, import_id)}", returncode=_status(exc)) from None
         except Exception as exc:
             # A database error past the retries (a rotation row held too long, the server gone):
             # as the admin upload says it. --traceback shows the whole of it.
@@ -129,3 +149,8 @@ class Command(BaseCommand):
             f"{import_id}), the batch in progress was rolled back. Run the same file again to import "
             "the rest: rows whose external_id is already imported are skipped."
         )
+
+
+def _status(interrupt: KeyboardInterrupt) -> int:
+    """The shell's status for the signal that stopped the import: 128 + its number."""
+    return 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
