@@ -123,6 +123,15 @@ def _import_streamed(
             except StopIteration as finished:
                 report = finished.value
                 break
+    except GeneratorExit:
+        # The page closed (the tab, the connection) mid-import: the import stops with it, the
+        # batch in progress rolled back. Nobody reads the page now: the log says how far it got.
+        logger.warning(
+            "lead import stopped: the page was closed after %s rows (their batches are committed); "
+            "uploading the file again imports the rest",
+            done,
+        )
+        raise
     except Exception as exc:  # noqa: BLE001 - the page has started: said there, and logged
         logger.exception("lead import stopped")
         stopped = (

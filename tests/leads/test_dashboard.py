@@ -192,6 +192,24 @@ def test_an_upload_shows_its_progress_batch_by_batch(admin_client, make_group):
     assert Lead.objects.count() == rows
 
 
+@pytest.mark.django_db(transaction=True)  # closing the response ends the request, and its connection
+def test_an_upload_whose_page_is_closed_stops_and_says_how_far_it_got_in_the_log(admin_client, make_group, caplog):
+    """The tab closed mid-import: the import stopped with the page, and nothing said so, so an
+    operator saw a plain 200 in the access log and half a file imported."""
+    from leads.bulk import BATCH_SIZE
+
+    make_group(2, slug="emea")
+    rows = BATCH_SIZE * 3
+    body = "external_id,email,group\n" + "".join(f"c-{i},c{i}@customer.example,emea\n" for i in range(rows))
+    response = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body.encode())})
+    parts = iter(response.streaming_content)
+    next(parts), next(parts)  # the bar, and the first batch's update
+    response.close()  # the server closes the stream when the browser goes
+    assert Lead.objects.count() == BATCH_SIZE
+    (line,) = [r.getMessage() for r in caplog.records if "lead import stopped" in r.getMessage()]
+    assert f"the page was closed after {BATCH_SIZE} rows" in line, line
+
+
 @pytest.mark.parametrize("spooled", [False, True], ids=["in-memory", "temporary-file"])
 def test_upload_reads_cr_endings_and_refuses_latin1_rows_by_line(admin_client, make_group, settings, spooled):
     if spooled:
