@@ -12,18 +12,6 @@ export PUBLIC_BASE_URL=${PUBLIC_BASE_URL:-http://$HOST:$PORT}
 export ALLOWED_HOSTS=${ALLOWED_HOSTS:-localhost,127.0.0.1,[::1],$HOST}
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-routing_project.settings.local}
 mkdir -p var/log
-# A SECRET_KEY of this checkout's own, made on the first run and kept in var/ (readable by its
-# owner alone): it signs the reps' accept links and the admin's sessions, and a key known to
-# everyone (the settings' development default) would let anyone who can reach the server
-# forge them.
-if [ -z "${SECRET_KEY:-}" ]; then
-    if [ ! -s var/secret_key ]; then
-        (umask 077 && head -c 48 /dev/urandom | base64 | tr -d '\n' > var/secret_key.new)
-        mv var/secret_key.new var/secret_key
-    fi
-    SECRET_KEY=$(cat var/secret_key)
-    export SECRET_KEY
-fi
 # One Prometheus multiprocess directory for web, worker and beat, emptied before they start:
 # GET /metrics then also shows what the worker counts (escalations, SLA breaches).
 export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/metrics}

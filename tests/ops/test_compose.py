@@ -60,11 +60,7 @@ def _run_sh_with_stubs(tmp_path: Path, **env: str) -> tuple[list[str], dict[str,
     (bin_dir / "gunicorn").write_text(f'#!/bin/sh\nenv > "{tmp_path}/gunicorn.env"\n')
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("ALLOWED_HOSTS", "HOST", "PORT", "PUBLIC_BASE_URL", "SECRET_KEY")
-    }
+    base = {k: v for k, v in os.environ.items() if k not in ("ALLOWED_HOSTS", "HOST", "PORT", "PUBLIC_BASE_URL")}
     done = subprocess.run(
         ["bash", str(tmp_path / "scripts" / "run.sh")],
         env={**base, "VENV": ".venv", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"), **env},
@@ -90,26 +86,6 @@ def test_make_run_serves_the_host_its_printed_curl_names(tmp_path, host):
     assert web_env["PUBLIC_BASE_URL"] == base_url
     for loopback in ("localhost", "127.0.0.1", "[::1]"):
         assert validate_host(split_domain_port(loopback)[0], allowed)
-
-
-def test_make_run_signs_with_a_secret_key_of_its_own_kept_in_var(tmp_path):
-    # The settings' development default is public: anyone reaching a `make run` server could
-    # forge a rep's accept link (and an admin session) with it.
-    _calls, web_env = _run_sh_with_stubs(tmp_path)
-    kept = tmp_path / "var" / "secret_key"
-    assert web_env["SECRET_KEY"] == kept.read_text() and len(web_env["SECRET_KEY"]) >= 50
-    assert web_env["SECRET_KEY"] != "dev-insecure-key-change-me"
-    assert kept.stat().st_mode & 0o077 == 0  # its owner's alone
-    (tmp_path / "gunicorn.env").unlink()
-    shutil.rmtree(tmp_path / "scripts")
-    shutil.rmtree(tmp_path / ".venv")
-    _calls, again = _run_sh_with_stubs(tmp_path)  # the next run: the same key, sessions and links stay good
-    assert again["SECRET_KEY"] == web_env["SECRET_KEY"]
-
-
-def test_make_run_keeps_the_secret_key_it_is_given(tmp_path):
-    _calls, web_env = _run_sh_with_stubs(tmp_path, SECRET_KEY="given-" + "k" * 50)
-    assert web_env["SECRET_KEY"] == "given-" + "k" * 50 and not (tmp_path / "var" / "secret_key").exists()
 
 
 def test_make_run_keeps_allowed_hosts_it_is_given(tmp_path):
