@@ -28,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.mail import send_mail
 from django.db import connection, transaction
 from django.db.models import F, Q
@@ -288,7 +289,10 @@ def _deliveries_for(messages: list[OutboxMessage], now: datetime) -> list[Delive
     group_ids = {m.group_id for m in messages if m.group_id is not None}
     rep_ids = {m.rep_id for m in messages if m.rep_id is not None}
     endpoints: dict[int, list[WebhookEndpoint]] = {}
-    for endpoint in WebhookEndpoint.objects.filter(group_id__in=group_ids, active=True).order_by("id"):
+    # Without their secrets (read when a delivery is signed): one the keys no longer open
+    # stopped the fan-out of every message in the chunk, e-mails and other groups' included.
+    active = WebhookEndpoint.objects.filter(group_id__in=group_ids, active=True).only("id", "group_id", "url")
+    for endpoint in active.order_by("id"):
         endpoints.setdefault(endpoint.group_id, []).append(endpoint)
     emails = dict(Rep.objects.filter(pk__in=rep_ids).values_list("id", "email"))
     out: list[Delivery] = []
@@ -344,6 +348,7 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
         d = (
             Delivery.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("message", "endpoint", "rep")
+            .defer("endpoint__secret", "endpoint__previous_secret")  # read when signing
             .filter(pk=delivery_id, status=Delivery.Status.PENDING)
             .first()
         )
@@ -655,7 +660,13 @@ def _send_webhook(d: Delivery) -> int:
     if d.endpoint is None:
         raise DeliveryError("the endpoint was deleted")
     body = webhook_body(d)
-    secret, previous = endpoint_signing_secrets(d.endpoint)
+    try:
+        secret, previous = endpoint_signing_secrets(d.endpoint)
+    except ImproperlyConfigured as exc:
+        # A secret sealed under a key this process no longer has: this endpoint's deliveries
+        # fail, in the delivery log with the reason, and are retried; no other is held up.
+        logger.error("webhook endpoint %s: %s", d.endpoint.pk, exc)
+        raise DeliveryError(f"not sent: {exc}") from None
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "lead-router-webhooks/1",

@@ -6,20 +6,27 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
+# Before a port (the URLs, the bind address) an IPv6 address is bracketed: [::1]:8000.
+case $HOST in
+    \[*\]) ADDRESS=$HOST ;;
+    *:*) ADDRESS="[$HOST]" ;;
+    *) ADDRESS=$HOST ;;
+esac
 # The links in notification e-mails (the lead in the admin, the rep's accept link).
-export PUBLIC_BASE_URL=${PUBLIC_BASE_URL:-http://$HOST:$PORT}
+export PUBLIC_BASE_URL=${PUBLIC_BASE_URL:-http://$ADDRESS:$PORT}
 # The printed curl and those links name $HOST: Django answers a host it does not allow with 400.
-export ALLOWED_HOSTS=${ALLOWED_HOSTS:-localhost,127.0.0.1,[::1],$HOST}
+export ALLOWED_HOSTS=${ALLOWED_HOSTS:-localhost,127.0.0.1,[::1],$ADDRESS}
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-routing_project.settings.local}
 mkdir -p var/log
 # One Prometheus multiprocess directory for web, worker and beat, emptied before they start:
 # GET /metrics then also shows what the worker counts (escalations, SLA breaches).
 export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/metrics}
-rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+# Its sample files only (*.db): a directory given that holds anything else keeps it.
+mkdir -p "$PROMETHEUS_MULTIPROC_DIR" && find "$PROMETHEUS_MULTIPROC_DIR" -maxdepth 1 -type f -name '*.db' -delete
 
 "$VENV/bin/python" manage.py create_database  # PostgreSQL: the DATABASE_URL's database, if missing
 "$VENV/bin/python" manage.py migrate --noinput -v 0
-"$VENV/bin/python" manage.py seed_demo --base-url "http://$HOST:$PORT" ${ADMIN_PASSWORD:+--admin-password "$ADMIN_PASSWORD"}
+"$VENV/bin/python" manage.py seed_demo --base-url "http://$ADDRESS:$PORT" ${ADMIN_PASSWORD:+--admin-password "$ADMIN_PASSWORD"}
 
 pids=()
 # keep_running's: TERM to the command, KILL to its process group if it is still there after 10 s.
@@ -98,7 +105,7 @@ pids+=($!)
 keep_running var/log/beat.log \
 "$VENV/bin/celery" -A routing_project --quiet beat --loglevel INFO --schedule var/celerybeat-schedule &
 pids+=($!)
-echo "Worker and beat started (logs in var/log/, e-mails to reps in var/mail/). Web on http://$HOST:$PORT/ (Ctrl-C stops everything)."
-"$VENV/bin/gunicorn" routing_project.wsgi:application --config gunicorn.conf.py --bind "$HOST:$PORT" &
+echo "Worker and beat started (logs in var/log/, e-mails to reps in var/mail/). Web on http://$ADDRESS:$PORT/ (Ctrl-C stops everything)."
+"$VENV/bin/gunicorn" routing_project.wsgi:application --config gunicorn.conf.py --bind "$ADDRESS:$PORT" &
 pids+=($!)
 wait -n "${pids[@]}"

@@ -277,7 +277,9 @@ REDIS_URL = env("REDIS_URL", default="")
 if REDIS_URL:
     _redis_url("REDIS_URL", REDIS_URL)
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL or "filesystem://localhost/")
-if CELERY_BROKER_URL != REDIS_URL and CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+if CELERY_BROKER_URL != REDIS_URL and not CELERY_BROKER_URL.startswith("filesystem://"):
+    # Redis, or the embedded default: an amqp:// or http:// broker passed, and every timer
+    # and drain was published where nothing listened.
     _redis_url("CELERY_BROKER_URL", CELERY_BROKER_URL)
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
@@ -450,6 +452,10 @@ NOTIFY_BACKOFF_MAX_S = env.float("NOTIFY_BACKOFF_MAX_S", default=1800.0)
 # visibility timeout, as the SLA timers' horizon.
 NOTIFY_TIMER_HORIZON_S = env.float("NOTIFY_TIMER_HORIZON_S", default=300.0)
 NOTIFY_WEBHOOK_TIMEOUT_S = env.float("NOTIFY_WEBHOOK_TIMEOUT_S", default=5.0)
+# `make run`'s notify worker's threads (scripts/run.sh passes the variable to Celery): read
+# here too, so that a bad value stops `make run` at its first command, naming it, instead of
+# the notify worker failing at each of its restarts while the web served.
+NOTIFY_WORKER_CONCURRENCY = env.int("NOTIFY_WORKER_CONCURRENCY", default=8)
 # The sweep re-drives messages and retries overdue by this much (their task was lost).
 NOTIFY_SWEEP_GRACE_S = env.float("NOTIFY_SWEEP_GRACE_S", default=30.0)
 # `expires`, as the sweeps above: each run re-publishes every overdue delivery, so sweeps piled
@@ -610,7 +616,13 @@ _require(API_RATE_LIMIT_PER_MINUTE >= 1, "API_RATE_LIMIT_PER_MINUTE", API_RATE_L
 for _name in ("HOOK_SIGNATURE_FAILURES_PER_ADDRESS", "LOGIN_FAILURES_PER_USER", "LOGIN_FAILURES_PER_ADDRESS"):
     # 0 or less: every signed post, every login refused with a 429.
     _require(globals()[_name] >= 1, _name, globals()[_name], "at least 1")
-for _name in ("ESCALATION_ARM_MAX", "ESCALATION_SWEEP_BATCH", "QUEUE_DRAIN_BATCH", "NOTIFY_MAX_ATTEMPTS"):
+for _name in (
+    "ESCALATION_ARM_MAX",
+    "ESCALATION_SWEEP_BATCH",
+    "QUEUE_DRAIN_BATCH",
+    "NOTIFY_MAX_ATTEMPTS",
+    "NOTIFY_WORKER_CONCURRENCY",
+):
     # 0 or less: the sweeps and drains would do nothing, a notification never be tried.
     _require(globals()[_name] >= 1, _name, globals()[_name], "at least 1")
 for _name in (

@@ -1386,3 +1386,36 @@ def test_the_readmes_receiver_check_accepts_a_delivery_under_either_secret_durin
     assert not delivery_is_ours("another secret", header, body)
     assert not delivery_is_ours(new, header, body + b" ")
     assert not delivery_is_ours(new, header, body, tolerance=-1)  # too old
+
+
+def test_an_endpoint_whose_secret_the_keys_no_longer_open_holds_up_no_other_notification(
+    post_lead, make_group, receiver, settings
+):
+    """Sealed under a key this process no longer has (made from a shell with another
+    SECRET_KEY): its group's fan-out raised, the whole chunk with it, so no e-mail and no
+    other group's webhook went out, again at every drain and sweep."""
+    from cryptography.fernet import Fernet
+
+    old_key, new_key = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    emea, _ = make_group(1, slug="emea")
+    apac, _ = make_group(1, slug="apac")
+    settings.SECRET_BOX_KEYS = [old_key]
+    WebhookEndpoint.objects.create(group=emea, url=receiver.url)
+    settings.SECRET_BOX_KEYS = [new_key]
+    WebhookEndpoint.objects.create(group=apac, url=receiver.url)
+    post_lead(group="emea")
+    post_lead(group="apac")
+    assert services.outbox_dispatch_pending(older_than_s=0) == 2
+    for delivery in Delivery.objects.order_by("id"):
+        services.delivery_attempt(delivery_id=delivery.id)
+    slugs = {emea.id: "emea", apac.id: "apac"}
+    outcomes = {
+        (slugs[d.message.group_id], d.channel): (d.status, d.last_error)
+        for d in Delivery.objects.select_related("message")
+    }
+    assert (
+        outcomes[("emea", "email")][0] == outcomes[("apac", "email")][0] == outcomes[("apac", "webhook")][0] == "sent"
+    )
+    status, error = outcomes[("emea", "webhook")]
+    assert status == "pending" and error.startswith("not sent: A stored secret cannot be decrypted"), error
+    assert len(mail.outbox) == 2 and len(receiver.requests) == 1

@@ -57,7 +57,9 @@ def _run_sh_with_stubs(tmp_path: Path, **env: str) -> tuple[list[str], dict[str,
     # The workers and beat stay up until run.sh stops them, as real ones do: run.sh ends when
     # its first process does, here the web server, once it has recorded its environment.
     (bin_dir / "celery").write_text("#!/bin/sh\nexec sleep 60\n")
-    (bin_dir / "gunicorn").write_text(f'#!/bin/sh\nenv > "{tmp_path}/gunicorn.env"\n')
+    (bin_dir / "gunicorn").write_text(
+        f'#!/bin/sh\nenv > "{tmp_path}/gunicorn.env"\necho "$*" > "{tmp_path}/gunicorn.args"\n'
+    )
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
     base = {k: v for k, v in os.environ.items() if k not in ("ALLOWED_HOSTS", "HOST", "PORT", "PUBLIC_BASE_URL")}
@@ -73,19 +75,39 @@ def _run_sh_with_stubs(tmp_path: Path, **env: str) -> tuple[list[str], dict[str,
     return (tmp_path / "calls").read_text().splitlines(), web_env
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "10.1.2.3"])  # noqa: S104
-def test_make_run_serves_the_host_its_printed_curl_names(tmp_path, host):
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("0.0.0.0", "0.0.0.0"),  # noqa: S104
+        ("10.1.2.3", "10.1.2.3"),
+        ("::1", "[::1]"),  # an IPv6 address printed and bound bracketed ("http://::1:8000/" is no URL)
+        ("[::1]", "[::1]"),
+    ],
+)
+def test_make_run_serves_the_host_its_printed_curl_names(tmp_path, host, address):
     # `HOST=... make run`: seed_demo prints a curl to http://HOST:PORT/, and the web server
     # must accept that Host header (Django answers a host not in ALLOWED_HOSTS with 400).
     calls, web_env = _run_sh_with_stubs(tmp_path, HOST=host, PORT="18999")
     (seed,) = [c for c in calls if c.startswith("manage.py seed_demo")]
     base_url = seed.split("--base-url ", 1)[1].split()[0]
-    assert base_url == f"http://{host}:18999"
+    assert base_url == f"http://{address}:18999"
+    assert f"--bind {address}:18999" in (tmp_path / "gunicorn.args").read_text()
     allowed = web_env.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")  # else the default
     assert validate_host(split_domain_port(urlsplit(base_url).netloc)[0], allowed), allowed
     assert web_env["PUBLIC_BASE_URL"] == base_url
     for loopback in ("localhost", "127.0.0.1", "[::1]"):
         assert validate_host(split_domain_port(loopback)[0], allowed)
+
+
+def test_make_run_empties_the_metrics_directory_of_its_samples_only(tmp_path):
+    # It removed the whole directory it was given: PROMETHEUS_MULTIPROC_DIR=$HOME/stuff went.
+    given = tmp_path / "shared"
+    given.mkdir()
+    (given / "counter_123.db").write_bytes(b"old samples")
+    (given / "notes.txt").write_text("keep me")
+    _run_sh_with_stubs(tmp_path, PROMETHEUS_MULTIPROC_DIR=str(given))
+    assert sorted(p.name for p in given.iterdir()) == ["notes.txt"]
 
 
 def test_make_run_keeps_allowed_hosts_it_is_given(tmp_path):

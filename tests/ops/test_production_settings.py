@@ -56,6 +56,7 @@ def _check_with(**settings: str) -> subprocess.CompletedProcess[str]:
         ("CONN_MAX_AGE", "sixty"),
         ("INTAKE_BATCH_MAX", "3.5"),
         ("NOTIFY_WEBHOOK_TIMEOUT_S", "five"),
+        ("NOTIFY_WORKER_CONCURRENCY", "abc"),  # make run's notify worker failed at each restart
     ],
 )
 def test_a_setting_that_is_not_a_number_is_refused_by_name(name, value):
@@ -167,6 +168,16 @@ def test_a_redis_url_redis_cannot_read_is_refused_at_start_up(url):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("Configuration error: ") and "Traceback" not in done.stderr
     assert "REDIS_URL" in last
+
+
+@pytest.mark.parametrize("url", ["http://x", "amqp://guest@localhost//", "sqs://"])
+def test_a_broker_url_that_is_not_redis_is_refused_at_start_up(url):
+    # Passed, the web and the workers would publish the SLA timers and the drains where
+    # nothing listens: escalation stops, silently.
+    done = _check_with(REDIS_URL="redis://127.0.0.1:6379/0", CELERY_BROKER_URL=url)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Configuration error: CELERY_BROKER_URL") and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(
