@@ -7,6 +7,7 @@ uses a broker that needs no server (kombu's filesystem transport).
 """
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,21 @@ if IDEMPOTENCY_IN_FLIGHT_TIMEOUT_S < 1:
     )
 MAX_REQUEST_BODY_BYTES = 64 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+
+# Where the processes write their metric samples (routing_project/metrics.py), when set: made
+# if missing, refused by name if this user cannot write in it. Checked by gunicorn.conf.py for
+# the web; here for the rest (manage.py, the Celery worker and beat), which otherwise stopped
+# on their first sample in a fifty-line traceback.
+_metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+if _metrics_dir:
+    try:
+        os.makedirs(_metrics_dir, exist_ok=True)
+    except OSError as _exc:
+        raise ImproperlyConfigured(
+            f"PROMETHEUS_MULTIPROC_DIR is {_metrics_dir!r}: it cannot be made a directory ({_exc.strerror})."
+        ) from None
+    if not os.access(_metrics_dir, os.W_OK | os.X_OK):
+        raise ImproperlyConfigured(f"PROMETHEUS_MULTIPROC_DIR is {_metrics_dir!r}: this user cannot write in it.")
 
 # --- Celery ---------------------------------------------------------------------------------
 REDIS_URL = env("REDIS_URL", default="")

@@ -304,3 +304,12 @@ def test_production_sends_rep_e_mails_over_smtp():
         timeout=120,
     )
     assert done.stdout.strip() == "django.core.mail.backends.smtp.EmailBackend", done.stderr[-2000:]
+
+
+def test_a_metrics_directory_that_cannot_be_made_is_refused_by_name():
+    # gunicorn.conf.py checked it for the web; manage.py, the worker and beat stopped on their
+    # first sample in a fifty-line FileNotFoundError.
+    done = _check_with(PROMETHEUS_MULTIPROC_DIR="/proc/no-such-place/metrics")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("Configuration error: PROMETHEUS_MULTIPROC_DIR") and "Traceback" not in done.stderr
