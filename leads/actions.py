@@ -1380,7 +1380,8 @@ def _drain_one(state: RotationState, cursor: list[int], actor: str, because: str
         return "empty"
     cursor[0] = lead.id
     now = timezone.now()
-    had = set(Assignment.objects.filter(lead=lead).values_list("rep_id", flat=True))
+    held = list(Assignment.objects.filter(lead=lead).values_list("rep_id", "ended_at"))
+    had = {rep_id for rep_id, _ended in held}
     facts, decision = ownership.group_decide(
         owner=ownership.account_owner_lookup(email=lead.email), group=group, state=state, now=now, exclude=had
     )
@@ -1412,7 +1413,9 @@ def _drain_one(state: RotationState, cursor: list[int], actor: str, because: str
         "group": group.slug,
         "strategy": group.strategy,
         "queued_because": queued_reason,
-        "queued_for_s": round((now - lead.created_at).total_seconds(), 3),
+        # Since it was queued: when its last assignment ended (an escalation, a manager), else
+        # when it came in. Its age read as queue time the time reps held it.
+        "queued_for_s": round((now - max([lead.created_at, *(e for _r, e in held if e)])).total_seconds(), 3),
         **decision.explanation(),
         "excluded": sorted(had),
         "reason": decision.reason,

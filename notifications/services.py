@@ -648,6 +648,11 @@ def webhook_body(d: Delivery) -> bytes:
     lead = {**m.payload.get("lead", {}), "owner": owner}
     document = {
         "id": f"msg_{m.id}",
+        # Deliveries are retried each on its own, so after a receiver's outage a lead's
+        # messages can arrive out of order: the number its events were written in (message ids
+        # are written in commit order for each lead, under its lock) lets a receiver keep the
+        # latest and drop an older one arriving late.
+        "sequence": m.id,
         "event": m.event,
         "created_at": m.created_at.isoformat(),
         "lead": lead,

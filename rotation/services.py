@@ -8,20 +8,25 @@ list; the other drops the member's place on the weighted clock (never the pointe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.db import connection, transaction
 from django.db.models import PROTECT, Max, Model, ProtectedError, Q
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import Event, audit_record, audit_record_many
 from routing_project.db import set_lock_timeout
 
 from .domains import domain_unicode
+from .eligibility import working_hours_starts
 from .hooks import capacity_freed, capacity_frees_at, group_deleting
 from .models import Absence, Account, Group, Membership, Rep, RotationState, RoutingRule
 from .strategies import WEIGHT_KEY
@@ -241,10 +246,21 @@ def rep_save(*, rep: Rep, actor: str, changed: Iterable[str] | None = None) -> R
     if rep.active and not change.created and REP_FREES_CAPACITY.intersection(change.fields):
         # A rep re-activated, or now within its hours, takes leads: drain its groups' queues
         # after commit.
+        group_ids = list(Membership.objects.filter(rep=rep).values_list("group_id", flat=True))
         capacity_freed(
-            group_ids=Membership.objects.filter(rep=rep).values_list("group_id", flat=True),
+            group_ids=group_ids,
             because=_freed_because(f"rep {rep.pk} changed", change, rep, REP_FREES_CAPACITY, actor),
         )
+        # And when its new hours begin, if that is before the next `escalation_arm` looks
+        # (it publishes the drains of hours beginning from a minute or so ahead): a start a few
+        # seconds off was left to the queue sweep, and a lead arriving first took the place.
+        now = timezone.now()
+        horizon = now + timedelta(seconds=settings.ESCALATION_TIMER_HORIZON_S)
+        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):  # validated by full_clean
+            for at in working_hours_starts(rep.working_hours, rep.timezone, now, horizon):
+                capacity_frees_at(
+                    group_ids=group_ids, at=at, because=f"rep {rep.pk}'s working hours began ({rep.timezone})"
+                )
     if not rep.active and "active" in change.fields and Account.objects.filter(owner=rep).exists():
         # Only an active rep owns its accounts' leads: those held for this one are free now.
         _owner_kept_leads_freed(because=f"account owner rep {rep.pk} deactivated ({actor})")

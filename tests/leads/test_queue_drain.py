@@ -408,6 +408,32 @@ def test_a_rep_whose_hours_now_take_in_the_present_asks_for_a_drain(
 
 
 @pytest.mark.django_db
+def test_hours_that_begin_before_the_next_arm_run_get_their_drain_at_the_start(
+    api, make_group, monkeypatch, django_capture_on_commit_callbacks
+):
+    """Hours set to begin in a few seconds: `escalation_arm` publishes the drains of hours that
+    begin from about 45 s ahead, so this start had none of its own; the queue sweep routed the
+    waiting leads up to 30 s late, and a lead arriving first took the place."""
+    from datetime import UTC, datetime
+
+    from rotation import hooks
+
+    later: list[tuple[list[int], datetime, str]] = []
+    monkeypatch.setattr(hooks, "_later", [lambda group_ids, at, because: later.append((list(group_ids), at, because))])
+    group, (rep,) = make_group(1, slug="emea")
+    begins = (datetime.now(UTC) + timedelta(seconds=65)).replace(second=0, microsecond=0)  # 5 to 65 s off
+    day = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")[begins.weekday()]
+    with django_capture_on_commit_callbacks(execute=True):
+        r = api.patch(
+            f"/api/v1/reps/{rep.id}/",
+            {"timezone": "UTC", "working_hours": {day: [[f"{begins:%H:%M}", "24:00"]]}},
+            format="json",
+        )
+    assert r.status_code == 200, r.content
+    assert later == [([group.id], begins, f"rep {rep.id}'s working hours began (UTC)")]
+
+
+@pytest.mark.django_db
 def test_account_changes_drain_the_groups_that_keep_leads_for_an_owner(
     make_group, drains, django_capture_on_commit_callbacks
 ):
@@ -852,3 +878,21 @@ def test_a_drain_waits_for_the_rotation_lock_once_per_chunk_of_leads_not_once_pe
     assert len(locks) <= 1 + 3, locks
     events = AuditEvent.objects.filter(type="lead.assigned", lead_id__in=[lead["id"] for lead in queued])
     assert [e.explanation["trigger"] for e in events] == ["queue_drain"] * len(queued)
+
+
+@pytest.mark.django_db
+def test_a_drained_leads_time_in_the_queue_counts_from_when_it_was_queued(api, make_group):
+    """`queued_for_s` was the lead's age: the time reps held it before it escalated into the
+    queue read as time spent waiting there."""
+    group, (rep,) = make_group(1, slug="emea", sla_minutes="30", max_attempts=1)
+    lead = post(api, group="emea")
+    Lead.objects.filter(pk=lead["id"]).update(created_at=timezone.now() - timedelta(minutes=40))
+    Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.escalation_sweep()
+    assert status(lead) == "queued"
+    Group.objects.filter(pk=group.pk).update(max_attempts=2)
+    services.membership_add(group=group, rep=RepFactory(), actor="test")
+    assert actions.queue_drain(group_id=group.id) == 1
+    event = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.assigned").last()
+    assert event.explanation["trigger"] == "queue_drain"
+    assert 0 <= event.explanation["queued_for_s"] < 60, event.explanation  # not its 40 minutes of age

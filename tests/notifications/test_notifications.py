@@ -1419,3 +1419,27 @@ def test_an_endpoint_whose_secret_the_keys_no_longer_open_holds_up_no_other_noti
     status, error = outcomes[("emea", "webhook")]
     assert status == "pending" and error.startswith("not sent: A stored secret cannot be decrypted"), error
     assert len(mail.outbox) == 2 and len(receiver.requests) == 1
+
+
+def test_a_leads_messages_arriving_out_of_order_carry_the_order_they_were_written_in(
+    post_lead, make_group, receiver, settings
+):
+    """After a receiver's outage a lead's escalation arrived before its assignment (each
+    delivery is retried on its own), and a CRM applying what came last kept the stale owner."""
+    from leads import actions
+    from leads.models import Assignment
+
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(2, slug="emea", sla_minutes="30")
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    lead_id = post_lead(group="emea").json()["id"]
+    Assignment.objects.filter(lead_id=lead_id).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.escalation_sweep()
+    services.outbox_dispatch_pending(older_than_s=0)
+    for delivery in Delivery.objects.order_by("-id"):  # the later event delivered first
+        services.delivery_attempt(delivery_id=delivery.id)
+    arrived = [json.loads(r["body"]) for r in receiver.requests]
+    assert [doc["event"] for doc in arrived] == ["lead.escalated", "lead.assigned"]
+    latest = max(arrived, key=lambda doc: doc["sequence"])  # what a receiver keeps
+    assert latest["event"] == "lead.escalated" and latest["lead"]["owner"]["id"] == reps[1].id
+    assert all(doc["id"] == f"msg_{doc['sequence']}" for doc in arrived)
