@@ -19,6 +19,11 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# Once TLS is in front for good: browsers then refuse plain HTTP to the host for this long (a
+# year: 31536000). Off by default: turned on over plain HTTP it locks browsers out.
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+if SECURE_HSTS_SECONDS < 0:
+    raise ImproperlyConfigured(f"SECURE_HSTS_SECONDS is {SECURE_HSTS_SECONDS}: give 0 (off) or more (s).")
 LOGGING["handlers"]["console"]["formatter"] = log_format("json")
 # E-mails to reps go out over SMTP (EMAIL_HOST ...): the development default, a file per e-mail
 # on the machine, would mark every e-mail sent while it stayed inside a container.

@@ -313,3 +313,19 @@ def test_a_metrics_directory_that_cannot_be_made_is_refused_by_name():
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("Configuration error: PROMETHEUS_MULTIPROC_DIR") and "Traceback" not in done.stderr
+
+
+def test_production_sends_hsts_only_when_told_to_and_refuses_a_negative_time():
+    code = "from django.conf import settings; print(settings.SECURE_HSTS_SECONDS)"
+    production = {"DJANGO_SETTINGS_MODULE": "routing_project.settings.production", "SECRET_KEY": "a" * 50}
+    base = {k: v for k, v in os.environ.items() if k != "SECURE_HSTS_SECONDS"}
+    for given, shown in (({}, "0"), ({"SECURE_HSTS_SECONDS": "31536000"}, "31536000")):
+        env = {**base, **production, **given}
+        done = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == shown, done.stderr[-2000:]
+    done = _check_with(
+        DJANGO_SETTINGS_MODULE="routing_project.settings.production", SECRET_KEY="a" * 50, SECURE_HSTS_SECONDS="-1"
+    )
+    assert done.stderr.strip().splitlines()[-1].startswith("Configuration error: SECURE_HSTS_SECONDS")
