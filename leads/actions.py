@@ -856,7 +856,10 @@ def lead_accept(*, lead_id: int, rep_id: int, actor: str) -> Lead:
         if lead.status == LeadStatus.CLOSED:  # it keeps the rep who worked it as its owner
             raise LeadConflict(f"Lead {lead_id} is closed ({lead.outcome}): there is nothing to accept.")
         if lead.status not in OPEN_STATUSES or lead.owner_id != rep_id:
-            raise LeadConflict(f"Rep {rep_id} is not the current owner of lead {lead_id} (status '{lead.status}').")
+            raise LeadConflict(
+                f"Rep {rep_id} is not the current owner of lead {lead_id} (status '{lead.status}')"
+                f"{_why_no_longer(lead_id, rep_id)}."
+            )
         if lead.status == LeadStatus.ACCEPTED:
             return lead
         now = timezone.now()
@@ -889,6 +892,28 @@ def lead_accept(*, lead_id: int, rep_id: int, actor: str) -> Lead:
         return lead
 
     return _in_transaction(body)
+
+
+_ENDED_BECAUSE = {
+    "sla_missed": "it escalated when the SLA was missed",
+    "reassigned": "a manager reassigned it",
+    "rerouted": "it was routed again",
+}
+
+
+def _why_no_longer(lead_id: int, rep_id: int) -> str:
+    """How the rep's last hold on the lead ended, as the refusal of its accept says it: a rep
+    told only "not the current owner" could not tell an escalation from a mistake."""
+    ended = (
+        Assignment.objects.filter(lead_id=lead_id, rep_id=rep_id, ended_at__isnull=False)
+        .order_by("-ended_at")
+        .values_list("ended_at", "end_reason")
+        .first()
+    )
+    if ended is None:
+        return ": the rep never held it"
+    at, reason = ended
+    return f": {_ENDED_BECAUSE.get(reason, reason or 'its assignment ended')} at {at.isoformat()}"
 
 
 def _rep_facts(rep: Rep, now: datetime) -> MemberFacts:

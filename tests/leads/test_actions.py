@@ -55,9 +55,24 @@ def test_accept_by_someone_else_is_a_conflict(api, make_group):
     lead = post(api, group="emea")
     r = api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[1].id}, format="json")
     assert r.status_code == 409
-    assert "not the current owner" in r.json()["detail"]
+    assert r.json()["detail"] == (
+        f"Rep {reps[1].id} is not the current owner of lead {lead['id']} (status 'assigned'): the rep never held it."
+    )
     assert Lead.objects.get(pk=lead["id"]).status == "assigned"
     assert not events(lead["id"], "lead.accepted")
+
+
+def test_accept_by_the_rep_a_lead_escalated_from_says_it_escalated(api, make_group):
+    """ "Not the current owner" alone: the rep could not tell an escalation from a mistake."""
+    from leads import actions
+
+    group, reps = make_group(2, slug="emea", sla_minutes="30")
+    lead = post(api, group="emea")
+    Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.escalation_sweep()
+    r = api.post(f"/api/v1/leads/{lead['id']}/accept/", {"rep": reps[0].id}, format="json")
+    assert r.status_code == 409
+    assert "(status 'assigned'): it escalated when the SLA was missed at " in r.json()["detail"], r.json()
 
 
 def test_accept_a_queued_lead_is_a_conflict(api, make_group):
