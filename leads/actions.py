@@ -910,9 +910,9 @@ def _why_no_longer(lead_id: int, rep_id: int) -> str:
         .values_list("ended_at", "end_reason")
         .first()
     )
-    if ended is None:
+    at, reason = ended if ended is not None else (None, "")
+    if at is None:
         return ": the rep never held it"
-    at, reason = ended
     return f": {_ENDED_BECAUSE.get(reason, reason or 'its assignment ended')} at {at.isoformat()}"
 
 
@@ -1291,7 +1291,7 @@ def lead_update(*, lead_id: int, changes: Mapping[str, Any], actor: str) -> Lead
 
 
 def queue_drain(*, group_id: int, actor: str = "system:queue", limit: int | None = None, because: str = "") -> int:
-    """Routes the group's queued leads in arrival order, one locked transaction per lead,
+    """Routes the group's queued leads in arrival order, up to DRAIN_CHUNK per locked transaction,
     until no eligible rep is left, the queue is walked through, or `limit` leads are
     assigned. Leads that used up the group's `max_attempts` wait for a manager; a lead that
     no free rep may take (only reps who had it are free, or it waits for its account's
@@ -1457,6 +1457,9 @@ def _none_left(group: Group, candidates: Iterable[Mapping[str, Any]]) -> str:
     """Why an escalation found nobody, as the queue says it: every member had the lead, or
     what keeps out those who did not (a cap, a pause, an absence), which is what a manager can
     act on. "No eligible rep who has not had this lead" alone read as "everyone tried it"."""
+    candidates = list(candidates)
+    if not candidates:  # every member removed while the lead was held
+        return f"group '{group.slug}' has no members"
     others = [c["reason"] for c in candidates if c["reason"] != "already had this lead"]
     if not others:
         return f"every rep in '{group.slug}' has had this lead"

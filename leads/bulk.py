@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import queue
 import re
+import signal
 import threading
 import time
 import uuid
@@ -388,6 +389,9 @@ def _read_ahead_process(items: Iterator[Any], *, depth: int) -> Iterator[Any]:
         # open on the server: intake into those groups answered 503 until it was found and
         # killed by hand. The socket is closed here, not the connection (that would end the
         # parent's session under it).
+        # The parent's own TERM handler (the command's: a TERM ends the import as Ctrl-C does)
+        # is not this process's: the parent's terminate() must end it, without a traceback.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         receiver.close()
         _forget_inherited_sockets()
         try:

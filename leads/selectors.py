@@ -14,8 +14,15 @@ from rotation.strategies import turn_weight
 from . import routing
 from .models import Assignment
 
-# How far the rotation view plays the rotation out to say when each member's next turn comes.
+# How far the rotation view plays the rotation out to say when each member's next turn comes:
+# 500 leads, fewer in a group of more than 20 members (each lead played out weighs every
+# member: a bound on the work, about 10,000 member-steps, so a large group's page stays quick).
 AHEAD_LIMIT = 500
+_AHEAD_WORK = 10_000
+
+
+def ahead_limit(members: int) -> int:
+    return max(50, min(AHEAD_LIMIT, _AHEAD_WORK // max(members, 1)))
 
 
 def rotation_view(*, group: Group) -> dict[str, Any]:
@@ -41,7 +48,7 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
             current_weights=state.current_weights or {},
             facts=facts,
             now=now,
-            limit=AHEAD_LIMIT,
+            limit=ahead_limit(len(facts)),
         )
         if group.active
         else {}

@@ -82,7 +82,7 @@ class MembershipForm(EditedFieldsForm):
     position = forms.IntegerField(
         required=False,
         min_value=0,
-        max_value=MAX_GIVEN_POSITION,  # as the API: room above it for the joiners appended after
+        max_value=MAX_POSITION,  # given: up to MAX_GIVEN_POSITION (clean_position), as the API
         help_text="Leave empty to append at the end of the rotation.",
     )
 
@@ -103,6 +103,17 @@ class MembershipForm(EditedFieldsForm):
             self.fields["rep"].widget.can_add_related = False
             # Shown from the row read with the member (MembershipInline.get_queryset).
             self.fields["rep"].widget.widget.chosen = self.instance.rep
+
+    def clean_position(self) -> int | None:
+        # A member appended past MAX_GIVEN_POSITION keeps its place through any other edit of the
+        # page (every row is validated, changed or not); a position given goes up to it.
+        position: int | None = self.cleaned_data.get("position")
+        if position is not None and position > MAX_GIVEN_POSITION and position != self.instance.position:
+            raise forms.ValidationError(
+                f"Ensure this value is less than or equal to {MAX_GIVEN_POSITION} "
+                "(the positions above it are for the members appended after)."
+            )
+        return position
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -229,7 +240,7 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
     def rotation_view(self, obj: Group) -> str:
         if obj.pk is None:
             return "Saved groups show their rotation here."
-        from leads.selectors import AHEAD_LIMIT, rotation_view
+        from leads.selectors import ahead_limit, rotation_view
 
         # As saved: on a form with errors `obj` holds the refused values (a bad time zone).
         stored = Group.objects.filter(pk=obj.pk).first()
@@ -252,7 +263,7 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
             "strategy": stored.get_strategy_display(),
             "start": start,
             "wrapped": wrapped,
-            "ahead_limit": AHEAD_LIMIT,
+            "ahead_limit": ahead_limit(len(view["members"])),
         }
         return render_to_string("admin/rotation/rotation_view.html", context)
 

@@ -48,10 +48,13 @@ def _box(keys: tuple[str, ...], secret_key: str, fallbacks: tuple[str, ...] = ()
 
 
 def box() -> MultiFernet:
+    # SECRET_BOX_EARLIER_KEYS: secret keys whose box keys still decrypt, but which sign nothing
+    # (unlike SECRET_KEY_FALLBACKS): the local settings' development key, under which a
+    # checkout sealed its secrets before it had a key of its own.
     return _box(
         tuple(getattr(settings, "SECRET_BOX_KEYS", ())),
         settings.SECRET_KEY,
-        tuple(getattr(settings, "SECRET_KEY_FALLBACKS", ())),
+        (*getattr(settings, "SECRET_KEY_FALLBACKS", ()), *getattr(settings, "SECRET_BOX_EARLIER_KEYS", ())),
     )
 
 

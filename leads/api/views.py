@@ -317,7 +317,8 @@ class RotationMemberSerializer(serializers.Serializer):
         help_text="Which lead from now the member gets next (1: the next lead), played out by the rotation "
         "if nothing changes meanwhile but the leads themselves (nobody paused or back, no lead closed; each "
         "lead counts against its rep's caps). Null for a member not eligible now, in an inactive group, or "
-        "not reached within 500 leads.",
+        "not reached within the leads played out (500; in a group of more than 20 members, 10,000 divided by "
+        "its members, at least 50).",
     )
     open = serializers.IntegerField()
     assigned_today = serializers.IntegerField()

@@ -896,3 +896,15 @@ def test_a_drained_leads_time_in_the_queue_counts_from_when_it_was_queued(api, m
     event = AuditEvent.objects.filter(lead_id=lead["id"], type="lead.assigned").last()
     assert event.explanation["trigger"] == "queue_drain"
     assert 0 <= event.explanation["queued_for_s"] < 60, event.explanation  # not its 40 minutes of age
+
+
+@pytest.mark.django_db
+def test_an_escalation_in_a_group_left_without_members_says_so(api, make_group):
+    """ "Every rep has had this lead" where nobody was left in the group at all."""
+    group, (rep,) = make_group(1, slug="emea", sla_minutes="30", max_attempts=3)
+    lead = post(api, group="emea")
+    assert api.delete(f"/api/v1/groups/emea/members/{rep.id}/").status_code == 204
+    Assignment.objects.filter(lead_id=lead["id"]).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.escalation_sweep()
+    stored = Lead.objects.get(pk=lead["id"])
+    assert (stored.status, stored.queue_reason) == ("queued", "SLA missed; group 'emea' has no members")

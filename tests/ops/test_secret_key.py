@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from routing_project.settings.local import kept_secret_key
+from routing_project.secret_keys import kept_secret_key
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 

@@ -480,6 +480,27 @@ def test_an_existing_member_whose_position_is_emptied_moves_to_the_end_of_the_ro
     assert Membership.objects.filter(group=group).aggregate(m=Max("position"))["m"] == 4
 
 
+def test_a_group_page_holding_a_member_appended_past_the_highest_given_position_saves(staff, make_group):
+    """Every row of the page is validated, changed or not: a member appended at 100,001 (after
+    one given 100,000, the most a position may be given) made the whole page refuse to save."""
+    from rotation.services import MAX_GIVEN_POSITION
+
+    group, (a,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group).update(position=MAX_GIVEN_POSITION)
+    services.membership_add(group=group, rep=RepFactory(), actor="test")
+    members = list(Membership.objects.filter(group=group).order_by("position"))
+    assert members[1].position == MAX_GIVEN_POSITION + 1
+    data = _member_rows(group, members)
+    data["memberships-0-weight"] = "3"
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 302, r.content.decode()[-3000:]
+    assert Membership.objects.get(pk=members[0].pk).weight == 3
+    # Moving a member there by hand is still refused.
+    data["memberships-0-position"] = str(MAX_GIVEN_POSITION + 5)
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 200 and "less than or equal to 100000" in r.content.decode()
+
+
 def test_a_new_member_row_past_the_highest_position_is_a_form_error(staff, make_group):
     group, (a,) = make_group(1, slug="emea")
     Membership.objects.filter(group=group).update(position=1_000_000)

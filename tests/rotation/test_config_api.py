@@ -413,6 +413,11 @@ def test_a_member_given_the_highest_position_still_lets_joiners_be_appended(api,
     b = RepFactory()
     r = api.post("/api/v1/groups/pool/members/", {"rep": b.id}, format="json")
     assert (r.status_code, r.json()["position"]) == (201, MAX_GIVEN_POSITION + 1), r.content
+    # The member appended there is edited with its position sent back as read.
+    r = api.patch(
+        f"/api/v1/groups/pool/members/{b.id}/", {"position": MAX_GIVEN_POSITION + 1, "weight": 2}, format="json"
+    )
+    assert (r.status_code, r.json()["weight"]) == (200, 2), r.content
     # Appending can still run out, in a group renumbered past it by hand: a 400 naming it.
     Membership.objects.filter(group=group, rep=b).update(position=MAX_POSITION)
     c = RepFactory()

@@ -100,6 +100,20 @@ def test_a_new_secret_key_with_the_old_one_among_the_fallbacks_reads_and_reseals
         WebhookEndpoint.objects.get(pk=endpoint.pk)
 
 
+def test_a_checkout_that_now_keeps_a_key_of_its_own_still_opens_what_the_development_key_sealed(make_group, settings):
+    """The local settings' development key sealed a checkout's webhook and web-form secrets
+    before it kept a key of its own: they stay readable (decrypt only, no signing)."""
+    group, _reps = make_group(1)
+    settings.SECRET_BOX_KEYS, settings.SECRET_KEY_FALLBACKS = [], []
+    settings.SECRET_KEY, settings.SECRET_BOX_EARLIER_KEYS = "dev-insecure-key-change-me", []
+    endpoint = WebhookEndpoint.objects.create(group=group, url="https://hooks.example/in")
+    settings.SECRET_KEY, settings.SECRET_BOX_EARLIER_KEYS = "own-key-" + "z" * 50, ["dev-insecure-key-change-me"]
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == endpoint.secret
+    call_command("reseal_secrets", stdout=io.StringIO())
+    settings.SECRET_BOX_EARLIER_KEYS = []
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).secret == endpoint.secret  # sealed again under its own
+
+
 def test_a_secret_stored_before_encryption_reads_as_it_is_and_is_sealed_by_reseal(make_group):
     group, _reps = make_group(1)
     endpoint = WebhookEndpoint.objects.create(group=group, url="https://hooks.example/in")
