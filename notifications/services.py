@@ -814,9 +814,10 @@ def email_content(d: Delivery) -> tuple[str, str]:
 _NOT_ON_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 # Invisible characters that reorder or hide text (bidirectional overrides, zero widths).
 _HIDDEN = re.compile(r"[\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
-# What a mail client would make a link of: a scheme's "://", "www.", or a host name
-# (labels and dots, ending in letters: "acme.io", not "v2.0" or "e.g.").
-_LINKISH = re.compile(r"(?i)[a-z][a-z0-9+.-]*://\S*|\bwww\.\S*|\b[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}\b")
+# What a mail client would make a link of: a scheme's "://", "www.", or a host name (labels
+# and dots, ending in a lower-case top-level name: "acme.io", not "v2.0", "e.g." or the
+# capitalised words of a name, "J.P.Morgan", "Dr.Oetker").
+_LINKISH = re.compile(r"(?i:[a-z][a-z0-9+.-]*://)\S*|(?i:\bwww\.)\S*|\b[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}\b")
 
 
 def _defanged(text: str) -> str:

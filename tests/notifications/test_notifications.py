@@ -168,6 +168,8 @@ def test_what_a_lead_says_cannot_add_lines_or_links_to_the_reps_email(post_lead,
         ("mailto:boss@evil.example", "mailto:boss@evil[.]example"),
         ("Acme Inc.", "Acme Inc."),  # no host name: as written
         ("Widget v2.0, e.g. blue", "Widget v2.0, e.g. blue"),
+        ("J.P.Morgan, Dr.Oetker", "J.P.Morgan, Dr.Oetker"),  # names, not host names
+        ("HTTPS://EVIL.EXAMPLE/x", "HTTPS[:]//EVIL[.]EXAMPLE/x"),
         ("Ac\u202eme\u200b Ltd", "Acme Ltd"),  # a bidirectional override, a zero width: gone
     ],
 )
