@@ -24,6 +24,16 @@ export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/metrics}
 # Its sample files only (*.db): a directory given that holds anything else keeps it.
 mkdir -p "$PROMETHEUS_MULTIPROC_DIR" && find "$PROMETHEUS_MULTIPROC_DIR" -maxdepth 1 -type f -name '*.db' -delete
 
+# What can stop the start is checked before anything is written (the admin password reset, the
+# demo token replaced, the workers started): the port, the web server's settings
+# (gunicorn.conf.py, run as a script, refuses a bad WEB_* naming it), and Django's settings.
+case $PORT in
+    '' | *[!0-9]*)
+        echo "Configuration error: PORT is '$PORT': give a port number (8000)." >&2
+        exit 1
+        ;;
+esac
+"$VENV/bin/python" gunicorn.conf.py
 "$VENV/bin/python" manage.py create_database  # PostgreSQL: the DATABASE_URL's database, if missing
 "$VENV/bin/python" manage.py migrate --noinput -v 0
 "$VENV/bin/python" manage.py seed_demo --base-url "http://$ADDRESS:$PORT" ${ADMIN_PASSWORD:+--admin-password "$ADMIN_PASSWORD"}

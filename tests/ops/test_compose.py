@@ -110,6 +110,36 @@ def test_make_run_empties_the_metrics_directory_of_its_samples_only(tmp_path):
     assert sorted(p.name for p in given.iterdir()) == ["notes.txt"]
 
 
+def test_make_run_checks_the_web_servers_settings_before_it_writes_anything(tmp_path):
+    # WEB_WORKERS=0 was refused by gunicorn only after migrate and seed_demo had reset the admin
+    # password and replaced the demo token, and the workers had started.
+    calls, _web_env = _run_sh_with_stubs(tmp_path)
+    assert calls[0] == "gunicorn.conf.py" and calls[1].startswith("manage.py create_database"), calls
+    done = subprocess.run(
+        [sys.executable, "gunicorn.conf.py"],
+        cwd=COMPOSE.parent,
+        env={**os.environ, "WEB_WORKERS": "0", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "Configuration error: WEB_WORKERS is '0'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("port", ["80a", "-1", "8 000"])
+def test_make_run_refuses_a_port_that_is_no_number_before_anything(tmp_path, port):
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(COMPOSE.parent / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "run.sh")],
+        env={**os.environ, "VENV": ".venv", "PORT": port, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and f"Configuration error: PORT is '{port}'" in done.stderr, done.stderr
+
+
 def test_make_run_keeps_allowed_hosts_it_is_given(tmp_path):
     _calls, web_env = _run_sh_with_stubs(tmp_path, HOST="0.0.0.0", ALLOWED_HOSTS="leads.example.com")  # noqa: S104
     assert web_env["ALLOWED_HOSTS"] == "leads.example.com"
