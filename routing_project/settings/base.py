@@ -561,6 +561,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# The admin's dates and times to the second (routing_project/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["routing_project.formats"]
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 

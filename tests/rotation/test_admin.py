@@ -115,6 +115,19 @@ def test_group_page_shows_the_week_share_as_it_shows_the_weight_share(staff, api
     assert "0.3333" not in html
 
 
+def test_the_admin_shows_times_to_the_second(staff, api, make_group):
+    """An assignment started, due, accepted and escalated within one minute read as one moment:
+    Django's English format cuts times to the minute ("3:30 a.m.")."""
+    from leads.models import Lead
+
+    make_group(1, slug="emea", sla_minutes="0.5")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    due = Lead.objects.get(pk=lead_id).sla_due_at
+    html = staff.get(f"/admin/leads/lead/{lead_id}/change/").content.decode()
+    assert f"{due:%H:%M:%S}" in html, html[-3000:]
+    assert "a.m." not in html and "p.m." not in html
+
+
 def test_lead_and_event_pages(staff, api, make_group):
     make_group(2, slug="emea")
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
