@@ -29,7 +29,7 @@ from .domains import domain_unicode
 from .eligibility import reason_in_words
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule, is_timezone
 from .rules import LEAD_FIELDS
-from .services import MAX_GIVEN_POSITION, MAX_POSITION, MAX_PRIORITY
+from .services import MAX_POSITION, MAX_PRIORITY, given_position_refused
 
 
 def admin_actor(request: HttpRequest) -> str:
@@ -105,14 +105,9 @@ class MembershipForm(EditedFieldsForm):
             self.fields["rep"].widget.widget.chosen = self.instance.rep
 
     def clean_position(self) -> int | None:
-        # A member appended past MAX_GIVEN_POSITION keeps its place through any other edit of the
-        # page (every row is validated, changed or not); a position given goes up to it.
         position: int | None = self.cleaned_data.get("position")
-        if position is not None and position > MAX_GIVEN_POSITION and position != self.instance.position:
-            raise forms.ValidationError(
-                f"Ensure this value is less than or equal to {MAX_GIVEN_POSITION} "
-                "(the positions above it are for the members appended after)."
-            )
+        if refused := given_position_refused(position, self.instance.position):
+            raise forms.ValidationError(refused)
         return position
 
     def clean(self) -> dict[str, Any]:

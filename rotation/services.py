@@ -112,6 +112,20 @@ def _change(obj: Model, changed: Iterable[str] | None) -> _Change:
 # last position left every later joiner without a place to be appended to.
 MAX_GIVEN_POSITION = 100_000
 MAX_POSITION = 1_000_000
+
+
+def given_position_refused(position: int | None, current: int | None) -> str | None:
+    """Why a position given to a member (`current`: its position now, None for a joiner) is
+    refused, or None. A member appended past MAX_GIVEN_POSITION keeps its own through an edit
+    that sends it back unchanged (an admin page validates every row, changed or not)."""
+    if position is None or position <= MAX_GIVEN_POSITION or position == current:
+        return None
+    return (
+        f"Ensure this value is less than or equal to {MAX_GIVEN_POSITION} "
+        "(the positions above it are for the members appended after)."
+    )
+
+
 # The highest rule priority the API and the admin take.
 MAX_PRIORITY = 1_000_000
 # Membership fields whose change can let a member take more leads.

@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from rotation.eligibility import DAYS, validate_working_hours
 from rotation.models import Group, Membership, Rep, group_slug_taken_in_another_case, rep_email_taken
-from rotation.services import MAX_GIVEN_POSITION, MAX_POSITION
+from rotation.services import MAX_POSITION, given_position_refused
 from routing_project.api import DecimalField, RejectUnknownFieldsMixin, ascii_email
 
 
@@ -119,8 +119,7 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
     )
     name = serializers.CharField(source="rep.name", read_only=True)
     # Left out or null: appended (the admin's empty position too).
-    # Up to MAX_GIVEN_POSITION when given (validate_position); a member appended past it keeps
-    # its own position through an edit that sends it back unchanged.
+    # Up to MAX_GIVEN_POSITION when given (services.given_position_refused).
     position = serializers.IntegerField(min_value=0, max_value=MAX_POSITION, required=False, allow_null=True)
     weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     max_open = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
@@ -160,11 +159,8 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
     def validate_position(self, position: int | None) -> int | None:
         if position is None:
             return None  # appended; a member's moves to the end (validate)
-        if position > MAX_GIVEN_POSITION and (self.instance is None or position != self.instance.position):
-            raise serializers.ValidationError(
-                f"Ensure this value is less than or equal to {MAX_GIVEN_POSITION} "
-                "(the positions above it are for the members appended after)."
-            )
+        if refused := given_position_refused(position, self.instance.position if self.instance else None):
+            raise serializers.ValidationError(refused)
         taken = Membership.objects.filter(group=self.context["group"], position=position)
         if self.instance is not None:
             taken = taken.exclude(pk=self.instance.pk)
