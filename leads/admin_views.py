@@ -18,7 +18,17 @@ from django.utils import timezone
 from rotation.models import Group
 
 from . import dashboard
-from .bulk import ImportFormatError, ImportReport, count_rows_in, csv_text, leads_import_steps
+from .bulk import (
+    ENCODINGS,
+    FileScan,
+    ImportFormatError,
+    ImportReport,
+    csv_text,
+    encoding_label,
+    encoding_problem,
+    leads_import_steps,
+    scan_in,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +74,13 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
 
 
 class ImportForm(forms.Form):
-    file = forms.FileField(label="CSV file", help_text="UTF-8, a header row naming the columns.")
+    file = forms.FileField(label="CSV file", help_text="A header row naming the columns.")
+    encoding = forms.ChoiceField(
+        choices=list(ENCODINGS.items()),
+        initial="utf-8",
+        required=False,  # UTF-8 when a post leaves it out
+        help_text="How the file's text is written: Excel's \"CSV UTF-8\" is UTF-8.",
+    )
     notify = forms.BooleanField(
         required=False, initial=True, label="Notify the reps (webhooks and e-mails) for the leads assigned"
     )
@@ -91,18 +107,26 @@ def import_page(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     if request.method == "POST" and form.is_valid():
         upload = form.cleaned_data["file"]
         actor = f"admin:{request.user.get_username()}:{upload.name}"[:200]
+        encoding = form.cleaned_data["encoding"] or "utf-8"
         # Streamed: Django spools a large upload to a temporary file; it is read in chunks.
-        total = count_rows_in(upload.file)
-        steps = leads_import_steps(lines=csv_text(upload.file), actor=actor, notify_reps=form.cleaned_data["notify"])
-        try:
-            first = next(steps)  # the header is checked here: a bad file is answered at once
-        except ImportFormatError as exc:
-            error = str(exc)
-        except StopIteration as done:  # a header and no rows
-            report = done.value
-        else:
-            page = render_to_string("admin/leads/import.html", {**context, "total": total}, request)
-            return StreamingHttpResponse(_import_streamed(page, steps, first, total, upload))
+        scanned = scan_in(upload.file)
+        error = _encoding_refused(scanned, encoding)
+        if not error:
+            steps = leads_import_steps(
+                lines=csv_text(upload.file, encoding),
+                actor=actor,
+                notify_reps=form.cleaned_data["notify"],
+                encoding=encoding,
+            )
+            try:
+                first = next(steps)  # the header is checked here: a bad file is answered at once
+            except ImportFormatError as exc:
+                error = str(exc)
+            except StopIteration as done:  # a header and no rows
+                report = done.value
+            else:
+                page = render_to_string("admin/leads/import.html", {**context, "total": scanned.rows}, request)
+                return StreamingHttpResponse(_import_streamed(page, steps, first, scanned.rows, upload))
     context.update({"report": report, **_report_rows(report), "error": error})
     return TemplateResponse(request, "admin/leads/import.html", context)
 
@@ -146,6 +170,19 @@ def _import_streamed(
         steps.close()
         upload.close()
     yield tail
+
+
+def _encoding_refused(scanned: FileScan, encoding: str) -> str:
+    """`encoding_problem`, and how to choose another encoding on this page; "" when none."""
+    problem = encoding_problem(scanned, encoding)
+    if problem is None:
+        return ""
+    if problem.instead == "utf-8":
+        return f"{problem.message} Choose UTF-8 under Encoding."
+    if problem.instead:
+        choice = encoding_label(problem.instead)
+        return f'{problem.message} Choose {choice} (or its own encoding) under Encoding, or save it as "CSV UTF-8".'
+    return problem.message
 
 
 def _report_rows(report: ImportReport | None) -> dict[str, list[Any]]:

@@ -23,6 +23,7 @@ Holding a group's lock for a batch lifts the one-transaction-per-lead ceiling of
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import dataclasses
@@ -33,6 +34,7 @@ import os
 import queue
 import re
 import signal
+import string
 import threading
 import time
 import uuid
@@ -74,7 +76,7 @@ COLUMNS = tuple(LeadInSerializer().fields)
 MEMO_FIELDS = ("country", "region", "source", "product", "score", "company_size", "group")
 MEMO_SIZE = 10_000
 MEMO_VALUE_MAX = 200  # characters
-_UNDECODED = re.compile("[\udc80-\udcff]")
+_UNDECODED = re.compile("[\udc80-\udcff]")  # bytes the encoding could not read (`csv_text`)
 
 
 class ImportFormatError(ValueError):
@@ -208,24 +210,164 @@ class _RowValidator:
         return out
 
 
-def count_rows(path: str) -> int:
-    """Data rows in a CSV file (lines less the header), streamed: for the progress bar."""
-    with open(path, "rb") as f:
-        return count_rows_in(f)
+# The encodings sales ops meet in CSV files, by the names people know them by (the admin's
+# choice; `import_leads --encoding` takes any text encoding Python knows).
+ENCODINGS = {
+    "utf-8": 'UTF-8 (Excel: "CSV UTF-8")',
+    "cp1252": 'Windows-1252 (Excel: "CSV (Comma delimited)", Western Europe and the Americas)',
+    "cp1250": "Windows-1250 (Central Europe)",
+    "cp1251": "Windows-1251 (Cyrillic)",
+    "mac_roman": "Mac Roman (older Excel for Mac)",
+}
+_ASCII = string.printable
 
 
-def count_rows_in(binary: IO[bytes]) -> int:
-    """`count_rows` for an open binary file, read from its start and left there again."""
+def encoding_codec(name: str) -> str:
+    """The codec for an encoding a user names (`cp1252`, `Windows-1252`, `latin-1`...).
+    ValueError when Python knows no text encoding by that name, or it is not ASCII-compatible
+    (UTF-16, UTF-7): the csv module reads commas, quotes and line ends as ASCII."""
+    try:
+        info = codecs.lookup(name.strip())
+    except LookupError:
+        raise ValueError(f"Unknown encoding {name[:40]!r}: use utf-8, cp1252, cp1250, cp1251, mac_roman...") from None
+    if not getattr(info, "_is_text_encoding", True):
+        raise ValueError(f"{name[:40]!r} is not a text encoding.")
+    try:
+        compatible = _ASCII.encode(info.name) == _ASCII.encode()
+    except UnicodeError:
+        compatible = False
+    if not compatible:
+        raise ValueError(f"{name[:40]!r} does not write plain ASCII as ASCII: save the file as UTF-8.")
+    return info.name
+
+
+def encoding_label(codec: str) -> str:
+    """`ENCODINGS`' short name (`Windows-1252`), else the codec's."""
+    return ENCODINGS.get(codecs.lookup(codec).name, codec).split(" (")[0]
+
+
+@dataclass(frozen=True)
+class FileScan:
+    """What `scan_in` read of a file before its import: its rows, for the progress bar, and
+    whether it is UTF-8 (`encoding_problem`)."""
+
+    rows: int
+    not_utf8_line: int | None = None  # the first line holding bytes that are not UTF-8
+    not_utf8_lines: int = 0  # how many lines hold such bytes
+    utf8_line: int | None = None  # the first line holding valid UTF-8 past ASCII (accents...)
+    sample: bytes = b""  # the cell at the first of those lines that tells: not UTF-8, else UTF-8
+    bom: str = ""  # the encoding a byte order mark at its start names: "utf-8", "utf-16" or ""
+
+
+_UTF8_PAST_ASCII = re.compile("[^\x00-\x7f\udc80-\udcff]")
+_CELL_END = re.compile('[,"\r\n]')
+
+
+def _lines_in(text: str) -> int:
+    return text.count("\n") + text.count("\r") - text.count("\r\n")
+
+
+def _cell_around(text: str, at: int) -> bytes:
+    """The cell holding text[at] (at most 40 characters each side), as the file's bytes."""
+    left = text[max(at - 40, 0) : at]
+    ends = list(_CELL_END.finditer(left))
+    start = at - len(left) + (ends[-1].end() if ends else 0)
+    after = _CELL_END.search(text, at, at + 40)
+    end = after.start() if after else min(at + 40, len(text))
+    return text[start:end].encode("utf-8", "surrogateescape")
+
+
+def scan_in(binary: IO[bytes]) -> FileScan:
+    """Reads an open binary file from its start to its end, streamed, and leaves it at its
+    start again: its data rows (lines less the header) and what of it is not UTF-8. Reading it
+    all first also means a file that cannot be read stops before anything is written."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="surrogateescape")
     lines, last = 0, b"\n"
+    first_bad: int | None = None
+    bad_lines, last_bad = 0, 0
+    first_utf8: int | None = None
+    sample = b""
     binary.seek(0)
-    while chunk := binary.read(1 << 20):
-        # Lines end in \n, \r\n or \r (a \r\n split between two chunks counts twice).
-        lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+    head = binary.read(4)
+    bom = "utf-8" if head.startswith(codecs.BOM_UTF8) else ""
+    bom = "utf-16" if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else bom
+    binary.seek(0)
+    while True:
+        chunk = binary.read(1 << 20)
+        text = decoder.decode(chunk, final=not chunk)
+        if text.startswith("\n") and last == b"\r":
+            lines -= 1  # a \r\n split between two chunks: one line end, counted at its \r
+        if not text.isascii():
+            # Line numbers from the line ends before each match.
+            at, line = 0, lines + 1
+            for bad in _UNDECODED.finditer(text):
+                line += _lines_in(text[at : bad.start()])
+                at = bad.start()
+                if line != last_bad:
+                    bad_lines, last_bad = bad_lines + 1, line
+                if first_bad is None:
+                    first_bad, sample = line, _cell_around(text, at)
+            if first_utf8 is None and (good := _UTF8_PAST_ASCII.search(text)):
+                first_utf8 = lines + 1 + _lines_in(text[: good.start()])
+                if first_bad is None:
+                    sample = _cell_around(text, good.start())
+        lines += _lines_in(text)
+        if not chunk:
+            break
         last = chunk[-1:]
     binary.seek(0)
     if last not in (b"\n", b"\r"):
         lines += 1
-    return max(lines - 1, 0)
+    return FileScan(max(lines - 1, 0), first_bad, bad_lines, first_utf8, sample, bom)
+
+
+def scan(path: str) -> FileScan:
+    """`scan_in` for a file by its path."""
+    with open(path, "rb") as f:
+        return scan_in(f)
+
+
+@dataclass(frozen=True)
+class EncodingProblem:
+    message: str
+    instead: str | None  # the encoding to read the file in, if one will do ("cp1252", "utf-8")
+
+
+def encoding_problem(scan: FileScan, codec: str) -> EncodingProblem | None:
+    """Why the file cannot be read in `codec`, found before anything is written; None when it
+    can. The caller says how to choose `instead` (an option, a field).
+
+    Read as UTF-8, a file with bytes that are not UTF-8 and no UTF-8 past ASCII anywhere is in
+    an 8-bit encoding (Excel's "CSV (Comma delimited)" writes Windows-1252): imported, its
+    plain-ASCII rows would go in and every row with an accent be refused. A UTF-8 file damaged
+    in places (valid UTF-8 elsewhere) is imported, its damaged rows refused by line.
+    Read in another encoding, a file that is UTF-8 text past ASCII would import its accents as
+    two or three wrong characters each ("RenÃ©"): it is refused, saying so."""
+    if scan.bom == "utf-16":
+        return EncodingProblem('The file is UTF-16 text (Excel\'s "Unicode Text"): save it as "CSV UTF-8".', None)
+    if codecs.lookup(codec).name == "utf-8":
+        if scan.not_utf8_line is None or scan.utf8_line is not None:
+            return None
+        others = scan.not_utf8_lines - 1
+        more = f" (and {others} other line{'s' if others != 1 else ''})" if others else ""
+        shown = scan.sample.decode("cp1252", "replace").strip()
+        message = (
+            f"The file is not UTF-8 text: line {scan.not_utf8_line}{more} holds bytes that are not UTF-8 "
+            f'("{shown}" if read as Windows-1252, the encoding of Excel\'s "CSV (Comma delimited)" in '
+            "Western Europe and the Americas)."
+        )
+        return EncodingProblem(message, "cp1252")
+    if scan.bom == "utf-8":
+        return EncodingProblem("The file is UTF-8 text: it begins with UTF-8's byte order mark.", "utf-8")
+    if scan.not_utf8_line is None and scan.utf8_line is not None:
+        utf8 = scan.sample.decode("utf-8", "replace").strip()
+        misread = scan.sample.decode(codec, "replace").strip()
+        message = (
+            f'The file is UTF-8 text: line {scan.utf8_line} reads "{utf8}" as UTF-8 and "{misread}" as '
+            f"{encoding_label(codec)}."
+        )
+        return EncodingProblem(message, "utf-8")
+    return None
 
 
 def leads_import(
@@ -237,12 +379,14 @@ def leads_import(
     progress: Callable[[int], None] | None = None,
     parallel: bool = False,
     import_id: str | None = None,
+    encoding: str = "utf-8",
 ) -> ImportReport:
     """Imports and routes the leads of a CSV stream (an open text file, newline="").
 
     `parallel`: validate in a forked process (the command line); else in a thread.
     `progress(rows)` is called after each batch with the rows it read. `import_id`: the
-    caller's (which it can name if the import is cut short), else a new one.
+    caller's (which it can name if the import is cut short), else a new one. `encoding`: the
+    one `lines` were read in (`csv_text`), named where bytes it cannot read refuse a row.
 
     Outside a request (the command line), the import id is the request id of every log line
     while it runs, as it is of its audit events: one id finds both, as a task's id does."""
@@ -256,6 +400,7 @@ def leads_import(
             notify_reps=notify_reps,
             parallel=parallel,
             import_id=import_id,
+            encoding=encoding,
         )
         while True:
             try:
@@ -281,6 +426,7 @@ def leads_import_steps(
     notify_reps: bool = True,
     parallel: bool = False,
     import_id: str | None = None,
+    encoding: str = "utf-8",
 ) -> Generator[int, None, ImportReport]:
     """`leads_import` one batch at a time: yields the rows each batch read once it is routed
     and committed, and returns the report (for a page that shows its progress as it goes).
@@ -299,7 +445,8 @@ def leads_import_steps(
     except csv.Error as exc:
         # A header the csv module cannot read (a stray quote) stops the file as any bad header.
         raise ImportFormatError(f"Bad header: {_csv_problem(exc, start, reader.line_num)}") from None
-    columns = _check_header(header)
+    label = encoding_label(encoding)
+    columns = _check_header(header, label)
     groups = {g.slug: g for g in Group.objects.all()}
     rules = active_rules()
     validator = _RowValidator(groups)
@@ -326,7 +473,7 @@ def leads_import_steps(
             if not any(c.strip() for c in cells):
                 continue
             parsed.read += 1
-            row = _validate(start, columns, cells, validator, groups, rules, local)
+            row = _validate(start, columns, cells, validator, groups, rules, local, label)
             if row is not None:
                 parsed.rows.append(row)
             if len(parsed.rows) >= batch_size:
@@ -486,12 +633,12 @@ def _column_name(cell: str) -> str:
     return name.lower()
 
 
-def _check_header(header: list[str]) -> list[str]:
+def _check_header(header: list[str], encoding: str = "UTF-8") -> list[str]:
     if any(_UNDECODED.search(h) or "\x00" in h for h in header):
-        # Bytes `csv_text` could not read as UTF-8 (a Latin-1 or UTF-16 file): refused here,
-        # else an `attributes.<key>` column takes them as its key and the database refuses
-        # the whole batch.
-        raise ImportFormatError("The header row is not UTF-8 text: save the file as UTF-8 (CSV UTF-8).")
+        # Bytes `csv_text` could not read (a Latin-1 or UTF-16 file read as UTF-8): refused
+        # here, else an `attributes.<key>` column takes them as its key and the database
+        # refuses the whole batch.
+        raise ImportFormatError(f"The header row is not {encoding} text: save the file as UTF-8 (CSV UTF-8).")
     # Column names in any case; an attribute's key as written (the API keeps its case, and a
     # rule on attributes.<Key> must match imported leads as it matches posted ones).
     columns = [_column_name(h) for h in header]
@@ -530,6 +677,7 @@ def _validate(
     groups: dict[str, Group],
     rules: list[Any],
     report: ImportReport,
+    encoding: str = "UTF-8",
 ) -> _Row | None:
     raw: dict[str, str] = {}
     data: dict[str, Any] = {}
@@ -545,8 +693,10 @@ def _validate(
         # next upload. Spreadsheets and CSV writers write every cell, empty ones as ",,".
         errors["row"] = [f"{len(cells)} cells for {len(columns)} columns: the row is cut short."]
     if any(_UNDECODED.search(c) for c in cells):
-        # The bytes `csv_text` could not read as UTF-8 (kept as lone surrogates, never stored).
-        errors["row"] = [*errors.get("row", []), "Not UTF-8 text: save the file as UTF-8 (CSV UTF-8)."]
+        # The bytes `csv_text` could not read (kept as lone surrogates, never stored): a file
+        # damaged here, or one mixing encodings (a file wholly in another one is refused before
+        # it is read: `encoding_problem`).
+        errors["row"] = [*errors.get("row", []), f"Not {encoding} text: bytes here are not {encoding}."]
     unnamed: list[int] = []  # the places of values in columns without a name
     for place, (name, value) in enumerate(zip(columns, cells, strict=False), start=1):
         value = value.strip()
@@ -1008,12 +1158,14 @@ def _route_one(
     return _NewLead(row.line, values, AuditEvent.Type.LEAD_QUEUED, explanation)
 
 
-def csv_text(binary: IO[bytes]) -> Iterator[str]:
-    """The lines of a CSV file opened in binary, as the csv module wants them: UTF-8 (a BOM
-    dropped), lines ending in \\n, \\r\\n or \\r alike, streamed. Bytes that are not UTF-8 are kept
-    as lone surrogates, so that their row, not the whole file, is refused with its line
-    number (`_validate`)."""
-    text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="surrogateescape", newline="")
+def csv_text(binary: IO[bytes], encoding: str = "utf-8") -> Iterator[str]:
+    """The lines of a CSV file opened in binary, as the csv module wants them: in `encoding`
+    (UTF-8 by default, a BOM dropped), lines ending in \\n, \\r\\n or \\r alike, streamed. Bytes
+    the encoding cannot read are kept as lone surrogates, so that their row, not the whole
+    file, is refused with its line number (`_validate`)."""
+    codec = codecs.lookup(encoding).name
+    codec = "utf-8-sig" if codec == "utf-8" else codec
+    text = io.TextIOWrapper(binary, encoding=codec, errors="surrogateescape", newline="")
     try:
         yield from text
     finally:

@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from rest_framework import serializers
 
 from audit.models import AuditEvent
-from leads.bulk import ImportFormatError, count_rows, csv_text, leads_import
+from leads.bulk import ImportFormatError, csv_text, leads_import, scan
 from leads.models import Assignment, Lead
 from notifications.models import OutboxMessage
 from rotation import services
@@ -439,7 +439,7 @@ def test_the_command_reports_and_counts(make_group, tmp_path: Path, capsys):
     make_group(2, slug="emea")
     path = tmp_path / "leads.csv"
     path.write_text(HEADER + "\n".join([*good_rows(3), "bad,nope,,,,,emea,"]) + "\n")
-    assert count_rows(str(path)) == 4
+    assert scan(str(path)).rows == 4
     out, err = io.StringIO(), io.StringIO()
     call_command("import_leads", str(path), "--no-progress", stdout=out, stderr=err)
     assert "4 rows: 3 imported (3 assigned, 0 queued)" in out.getvalue()
@@ -533,7 +533,7 @@ def test_the_command_interrupted_says_what_is_imported_and_exits_130(make_group,
     path = tmp_path / "leads.csv"
     path.write_text(HEADER + "".join(row + "\n" for row in good_rows(5)))
 
-    def interrupted(binary):
+    def interrupted(binary, encoding):
         yield HEADER
         for row in good_rows(5):
             yield row + "\n"
@@ -552,7 +552,7 @@ def test_the_command_interrupted_says_what_is_imported_and_exits_130(make_group,
     def counting_interrupted(name):
         raise KeyboardInterrupt  # while the file is read through for the progress bar
 
-    monkeypatch.setattr(import_leads, "count_rows", counting_interrupted)
+    monkeypatch.setattr(import_leads, "scan", counting_interrupted)
     with pytest.raises(CommandError, match="Interrupted before anything was imported") as caught:
         call_command("import_leads", str(path), "--no-progress")
     assert caught.value.returncode == 130 and Lead.objects.count() == 4
@@ -718,6 +718,105 @@ def test_a_header_that_is_not_utf8_refuses_the_file_saying_so(make_group, data):
     assert not Lead.objects.exists()
 
 
+CP1252_ROWS = "external_id,email,first_name,company,group\nw-1,ann@customer.example,Ann,Acme,emea\n" + "".join(
+    f"w-{i},w{i}@customer.example,{name},Société Générale,emea\n"
+    for i, name in ((2, "René"), (3, "Zoë"), (4, "Jürgen"))
+)
+
+
+def test_a_file_in_windows_1252_is_refused_whole_naming_its_encoding_then_imported_in_it(make_group, tmp_path: Path):
+    # Excel's "CSV (Comma delimited)": read as UTF-8, its plain-ASCII rows once went in and every
+    # row with an accent was refused, leaving the file half imported.
+    make_group(1, slug="emea")
+    path = tmp_path / "excel.csv"
+    path.write_bytes(CP1252_ROWS.replace("\n", "\r\n").encode("cp1252"))
+    with pytest.raises(CommandError) as refused:
+        call_command("import_leads", str(path), "--no-progress")
+    message = str(refused.value)
+    assert 'line 3 (and 2 other lines) holds bytes that are not UTF-8 ("René" if read as Windows-1252' in message
+    assert "--encoding cp1252" in message and not Lead.objects.exists()
+    out = io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", "--encoding", "Windows-1252", stdout=out)
+    assert "4 rows: 4 imported" in out.getvalue()
+    names = dict(Lead.objects.values_list("external_id", "first_name"))
+    assert names == {"w-1": "Ann", "w-2": "René", "w-3": "Zoë", "w-4": "Jürgen"}
+    assert set(Lead.objects.values_list("company", flat=True)) == {"Acme", "Société Générale"}
+
+
+def test_a_utf8_file_named_in_another_encoding_is_refused_before_it_is_misread(make_group, tmp_path: Path):
+    make_group(1, slug="emea")
+    path = tmp_path / "utf8.csv"
+    path.write_bytes(CP1252_ROWS.encode())
+    with pytest.raises(CommandError, match='line 3 reads "René" as UTF-8 and "RenÃ©" as Windows-1252. Leave out'):
+        call_command("import_leads", str(path), "--no-progress", "--encoding", "cp1252")
+    path.write_bytes(b"\xef\xbb\xbfemail,group\nplain@customer.example,emea\n")  # ASCII after a BOM
+    with pytest.raises(CommandError, match="byte order mark"):
+        call_command("import_leads", str(path), "--no-progress", "--encoding", "cp1252")
+    assert not Lead.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "message"),
+    [
+        ("klingon", "Unknown encoding 'klingon'"),
+        ("rot13", "'rot13' is not a text encoding"),
+        ("utf-16", "'utf-16' does not write plain ASCII as ASCII"),
+    ],
+)
+def test_an_encoding_the_csv_reader_cannot_use_is_refused_by_name(tmp_path: Path, encoding, message):
+    path = tmp_path / "leads.csv"
+    path.write_text("email\na@customer.example\n")
+    with pytest.raises(CommandError, match=f"--encoding: {message}"):
+        call_command("import_leads", str(path), "--no-progress", "--encoding", encoding)
+
+
+def test_a_utf16_file_is_refused_whole_saying_what_it_is(tmp_path: Path):
+    path = tmp_path / "unicode.csv"
+    path.write_bytes("email\na@customer.example\n".encode("utf-16"))
+    for extra in ([], ["--encoding", "cp1252"]):
+        with pytest.raises(CommandError, match='UTF-16 text .* save it as "CSV UTF-8"'):
+            call_command("import_leads", str(path), "--no-progress", *extra)
+
+
+def test_a_utf8_file_damaged_in_places_imports_the_rest_refusing_its_damaged_rows(make_group, tmp_path: Path):
+    # Valid UTF-8 past ASCII elsewhere: a damaged UTF-8 file, not one in another encoding.
+    make_group(1, slug="emea")
+    path = tmp_path / "damaged.csv"
+    path.write_bytes(
+        b"external_id,email,first_name,group\nd-1,d1@customer.example,Zo\xc3\xab,emea\n"
+        b"d-2,d2@customer.example,Ren\xe9,emea\nd-3,d3@customer.example,Ann,emea\n"
+    )
+    err = io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", stdout=io.StringIO(), stderr=err)
+    assert "line 3: row: Not UTF-8 text" in err.getvalue()
+    assert dict(Lead.objects.values_list("external_id", "first_name")) == {"d-1": "Zoë", "d-3": "Ann"}
+
+
+def test_the_scan_names_lines_past_its_first_chunk_and_counts_the_lines_not_utf8(tmp_path: Path):
+    rows = [f"f-{i},f{i}@customer.example,Zoë,{'Acme ' * 20},emea\r\n".encode() for i in range(10_000)]
+    assert sum(map(len, rows)) > 1 << 20  # the scan reads 1 MiB at a time
+    path = tmp_path / "big.csv"
+    path.write_bytes(b"external_id,email,first_name,company,group\r\n" + b"".join(rows) + b"x,\xe9,\xe8\r\ny,\xff\r\n")
+    found = scan(str(path))
+    assert (found.rows, found.not_utf8_line, found.not_utf8_lines, found.utf8_line) == (10_002, 10_002, 2, 2)
+    assert found.sample == b"\xe9"
+    # A \r\n split between two chunks is one line end.
+    head = b"email\r\n" + b"a@customer.example,Zo\xc3\xab" + b" " * ((1 << 20) - 31) + b"\r"
+    assert len(head) == 1 << 20
+    path.write_bytes(head + b"\nb@customer.example,\xe9\r\n")
+    assert (scan(str(path)).rows, scan(str(path)).not_utf8_line) == (2, 3)
+
+
+def test_bytes_the_chosen_encoding_cannot_read_refuse_their_row_naming_it(make_group, tmp_path: Path):
+    make_group(1, slug="emea")
+    path = tmp_path / "leads.csv"
+    path.write_bytes(b"email,first_name,group\na@customer.example,Ren\xe9,emea\nb@customer.example,x\x81,emea\n")
+    err = io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", "--encoding", "cp1252", stdout=io.StringIO(), stderr=err)
+    assert "line 3: row: Not Windows-1252 text" in err.getvalue()
+    assert list(Lead.objects.values_list("first_name", flat=True)) == ["René"]
+
+
 def test_malformed_csv_is_a_bad_row_and_the_reader_goes_on(make_group):
     make_group(1, slug="emea")
     huge = "x" * 140_000
@@ -795,7 +894,7 @@ def test_a_rule_on_a_typed_attribute_routes_an_imported_lead_as_a_posted_one(api
 def test_count_rows_counts_lines_of_any_ending(tmp_path: Path):
     path = tmp_path / "cr.csv"
     path.write_bytes(b"email\ra@x.example\rb@x.example\r")
-    assert count_rows(str(path)) == 2
+    assert scan(str(path)).rows == 2
 
 
 def test_an_imports_log_lines_carry_its_import_id_as_its_events_do(make_group, caplog):

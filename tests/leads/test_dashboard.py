@@ -211,18 +211,26 @@ def test_an_upload_whose_page_is_closed_stops_and_says_how_far_it_got_in_the_log
 
 
 @pytest.mark.parametrize("spooled", [False, True], ids=["in-memory", "temporary-file"])
-def test_upload_reads_cr_endings_and_refuses_latin1_rows_by_line(admin_client, make_group, settings, spooled):
+def test_upload_reads_cr_endings_and_a_windows_1252_file_once_its_encoding_is_chosen(
+    admin_client, make_group, settings, spooled
+):
     if spooled:
         settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 10  # Django writes the upload to a temporary file
     make_group(1, slug="emea")
     body = "external_id,email,first_name,group\rc-1,one@customer.example,Ann,emea\rc-2,two@customer.example,René,emea\r"
-    response = admin_client.post(
-        "/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body.encode("latin-1"), "text/csv")}
-    )
+
+    def upload(**fields):
+        file = SimpleUploadedFile("leads.csv", body.encode("cp1252"), "text/csv")
+        return admin_client.post("/admin/lead-import/", {"file": file, **fields})
+
+    refused = upload()
+    assert refused.status_code == 200 and not Lead.objects.exists()
+    html = html_of(refused)
+    assert "line 3 holds bytes that are not UTF-8" in html and "Choose Windows-1252" in html
+    response = upload(encoding="cp1252")
     assert response.status_code == 200
-    html = html_of(response)
-    assert "2 rows: 1 imported" in html and "Not UTF-8 text" in html and "<td>3</td>" in html
-    assert list(Lead.objects.values_list("external_id", flat=True)) == ["c-1"]
+    assert "2 rows: 2 imported" in html_of(response)
+    assert dict(Lead.objects.values_list("external_id", "first_name")) == {"c-1": "Ann", "c-2": "René"}
 
 
 def test_a_queued_lead_rerouted_and_queued_again_counts_once_and_a_short_queue_shows_its_peak(

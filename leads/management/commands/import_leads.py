@@ -12,10 +12,12 @@ from leads.bulk import (
     BATCH_SIZE,
     MAX_ERRORS_KEPT,
     ImportFormatError,
-    count_rows,
     csv_text,
+    encoding_codec,
+    encoding_problem,
     leads_import,
     new_import_id,
+    scan,
 )
 
 
@@ -31,7 +33,8 @@ def _terminated(signum: int, frame: Any) -> None:
 class Command(BaseCommand):
     help = (
         "Imports and routes the leads of a CSV file (header: the API's lead fields, plus "
-        "attributes.<key> columns). Streams the file, reports bad rows by line number and "
+        "attributes.<key> columns), in UTF-8 unless --encoding names another. Streams the file, "
+        "reports bad rows by line number and "
         "imports the rest; rows whose external_id was imported already are skipped (those that "
         "repeat an earlier row of the file are listed with its line). Exit status: "
         "0 when the file was read to its end (bad rows, if any, are listed on stderr and counted "
@@ -43,6 +46,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", type=Path)
         parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="Leads per locked transaction.")
+        parser.add_argument(
+            "--encoding",
+            default="utf-8",
+            help=(
+                "The file's text encoding (default utf-8). Excel's \"CSV (Comma delimited)\" is cp1252 in "
+                "Western Europe and the Americas; also cp1250, cp1251, mac_roman, or any other "
+                "ASCII-compatible encoding Python knows."
+            ),
+        )
         parser.add_argument("--no-notify", action="store_true", help="Send no webhooks or e-mails for these leads.")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
         parser.add_argument("--no-parallel", action="store_true", help="Validate in a thread, not in a second process.")
@@ -75,15 +87,29 @@ class Command(BaseCommand):
             raise CommandError("--batch-size must be at least 1.")
         if options["show_errors"] < 0:
             raise CommandError("--show-errors must be 0 or more.")
+        try:
+            encoding = encoding_codec(options["encoding"])
+        except ValueError as exc:
+            raise CommandError(f"--encoding: {exc}") from None
         actor = f"import:{getpass.getuser()}:{path.name}"
         started = time.perf_counter()
         try:
             # Read to its end before anything is written: a file that cannot be read stops here.
-            total = count_rows(str(path))
+            scanned = scan(str(path))
         except OSError as exc:
             raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from exc
         except KeyboardInterrupt as exc:
             raise CommandError("Interrupted before anything was imported.", returncode=_status(exc)) from None
+        if problem := encoding_problem(scanned, encoding):
+            if problem.instead == "utf-8":
+                raise CommandError(f"{problem.message} Leave out --encoding.")
+            if problem.instead:
+                raise CommandError(
+                    f"{problem.message} Import it with --encoding {problem.instead} (or its own encoding), "
+                    'or save it as "CSV UTF-8".'
+                )
+            raise CommandError(problem.message)
+        total = scanned.rows
         bar = tqdm(
             total=total,
             unit="lead",
@@ -102,13 +128,14 @@ class Command(BaseCommand):
         try:
             with open(path, "rb") as f:
                 report = leads_import(
-                    lines=csv_text(f),
+                    lines=csv_text(f, encoding),
                     actor=actor,
                     batch_size=options["batch_size"],
                     notify_reps=not options["no_notify"],
                     progress=progress,
                     parallel=not options["no_parallel"],
                     import_id=import_id,
+                    encoding=encoding,
                 )
             # The total was counted in lines: a quoted cell over several lines, or a blank line,
             # is not a row of its own. The bar ends at the rows read, full.
