@@ -100,15 +100,15 @@ class Command(BaseCommand):
             raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from exc
         except KeyboardInterrupt as exc:
             raise CommandError("Interrupted before anything was imported.", returncode=_status(exc)) from None
-        if problem := encoding_problem(scanned, encoding):
-            if problem.instead == "utf-8":
-                raise CommandError(f"{problem.message} Leave out --encoding.")
-            if problem.instead:
+        if refused := encoding_problem(scanned, encoding):
+            if refused.instead == "utf-8":
+                raise CommandError(f"{refused.message} Leave out --encoding.")
+            if refused.instead:
                 raise CommandError(
-                    f"{problem.message} Import it with --encoding {problem.instead} (or its own encoding), "
+                    f"{refused.message} Import it with --encoding {refused.instead} (or its own encoding), "
                     'or save it as "CSV UTF-8".'
                 )
-            raise CommandError(problem.message)
+            raise CommandError(refused.message)
         total = scanned.rows
         bar = tqdm(
             total=total,
