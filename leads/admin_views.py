@@ -186,10 +186,11 @@ def _encoding_refused(scanned: FileScan, encoding: str) -> str:
 
 
 def _report_rows(report: ImportReport | None) -> dict[str, list[Any]]:
-    """The first 200 bad rows, and the first 200 rows repeating an earlier row's external_id."""
+    """The first 200 bad rows, rows repeating an earlier row's external_id, and rows differing
+    from the lead their external_id names."""
     if report is None:
-        return {"errors": [], "repeats": []}
-    return {"errors": report.errors[:200], "repeats": report.repeats[:200]}
+        return {"errors": [], "repeats": [], "changes": []}
+    return {"errors": report.errors[:200], "repeats": report.repeats[:200], "changes": report.changes[:200]}
 
 
 def _columns() -> tuple[str, ...]:

@@ -28,6 +28,7 @@ import contextlib
 import csv
 import dataclasses
 import io
+import json
 import logging
 import multiprocessing
 import os
@@ -64,7 +65,7 @@ from routing_project.logging import request_id_var
 
 from . import notify, ownership, routing, scheduling
 from .api.serializers import LeadInSerializer
-from .models import DEDUP_STATUSES, Assignment, Lead, LeadStatus
+from .models import DEDUP_STATUSES, LEAD_DATA_FIELDS, Assignment, Lead, LeadStatus
 from .services import CONTACT_FIELDS, Resolution, active_rules, normalize_email
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,24 @@ class RowRepeat:
 
 
 @dataclass
+class RowChanged:
+    """A row skipped as already imported whose values differ from its lead's (imported or
+    posted before): the import changes no lead, so it says which fields differ."""
+
+    line: int
+    external_id: str
+    lead_id: int
+    fields: list[str]
+
+    def __str__(self) -> str:
+        differ = "differs" if len(self.fields) == 1 else "differ"
+        return (
+            f"line {self.line}: external_id {self.external_id!r} is lead {self.lead_id}, taken in before, whose "
+            f"{', '.join(self.fields)} {differ} from the row (the lead is left as it is)"
+        )
+
+
+@dataclass
 class ImportReport:
     import_id: str
     rows: int = 0
@@ -115,10 +134,12 @@ class ImportReport:
     duplicates: int = 0
     already_imported: int = 0  # repeated included
     repeated: int = 0  # of those, the rows whose external_id an earlier row of this file gave
+    changed: int = 0  # of those, the rows whose values differ from the lead taken in before
     invalid: int = 0
     batches: int = 0
     errors: list[RowError] = field(default_factory=list)
     repeats: list[RowRepeat] = field(default_factory=list)  # the first MAX_ERRORS_KEPT of `repeated`
+    changes: list[RowChanged] = field(default_factory=list)  # the first MAX_ERRORS_KEPT of `changed`
     # When the import began: a lead created before it was not taken in by it (bulk.py looks up
     # the line that took an external id only for the leads created since).
     started_at: datetime = field(default_factory=timezone.now)
@@ -127,7 +148,10 @@ class ImportReport:
         def counted(n: int, noun: str) -> str:  # "1 row", "2 rows"
             return f"{n} {noun}{'' if n == 1 else 's'}"
 
-        repeated = f" ({self.repeated} repeating an earlier line of the file)" if self.repeated else ""
+        notes = [f"{self.repeated} repeating an earlier line of the file"] if self.repeated else []
+        if self.changed:
+            notes.append(f"{self.changed} differing from the lead taken in before")
+        repeated = f" ({', '.join(notes)})" if notes else ""
         return (
             f"{counted(self.rows, 'row')}: {self.imported} imported ({self.assigned} assigned, {self.queued} queued), "
             f"{counted(self.duplicates, 'duplicate')}, {self.already_imported} already imported{repeated}, "
@@ -789,9 +813,10 @@ def _route_batch(
                 continue
             raise
         break
-    for name in ("imported", "assigned", "queued", "duplicates", "already_imported", "repeated"):
+    for name in ("imported", "assigned", "queued", "duplicates", "already_imported", "repeated", "changed"):
         setattr(report, name, getattr(report, name) + getattr(counts, name))
     report.repeats.extend(counts.repeats[: max(MAX_ERRORS_KEPT - len(report.repeats), 0)])
+    report.changes.extend(counts.changes[: max(MAX_ERRORS_KEPT - len(report.changes), 0)])
     report.batches += 1
 
 
@@ -810,6 +835,29 @@ def _select_any(columns: str, key: str, values: list[str], order_by: str = "") -
     with connection.cursor() as cursor:
         cursor.execute(sql, [values])
         return cursor.fetchall()
+
+
+# A lead's values a row is compared with when its external_id was taken in before (after id,
+# external_id and created_at in `taken`).
+_COMPARED = ("email_normalized", *(f for f in LEAD_DATA_FIELDS if f not in ("email", "external_id")), "attributes")
+
+
+def _differing(row: _Row, lead: tuple[Any, ...]) -> list[str]:
+    """The fields the row gives whose values differ from the lead's (an empty cell gives none)."""
+    values = dict(zip(_COMPARED, lead[3:], strict=True))
+    differing = ["email"] if row.email_normalized != values["email_normalized"] else []
+    for name in _COMPARED[1:-1]:
+        given = row.data.get(name)
+        if given not in (None, "") and given != values[name]:
+            differing.append(name)
+    attributes = values["attributes"]
+    if isinstance(attributes, str):  # jsonb, as a plain cursor reads it
+        attributes = json.loads(attributes)
+    given_attributes = row.data.get("attributes") or {}
+    differing.extend(
+        f"attributes.{key}" for key, value in given_attributes.items() if (attributes or {}).get(key) != value
+    )
+    return differing
 
 
 def _duplicate_external_ids(values: list[str], import_id: str) -> dict[str, int | None]:
@@ -890,15 +938,16 @@ def _route_batch_locked(
     _point_lookups(True)
     # Idempotency by external_id: rows already imported (by an earlier run or batch) are skipped.
     external_ids = sorted({r.data["external_id"] for r in rows if r.data.get("external_id")})
-    taken = _select_any("id, external_id, created_at", "external_id", external_ids)
-    done_ids = {ext for (_, ext, _) in taken}
+    taken = _select_any(f"id, external_id, created_at, {', '.join(_COMPARED)}", "external_id", external_ids)
+    done_ids = {row[1] for row in taken}
+    stored = {row[1]: row for row in taken}
     duplicate_ids = _duplicate_external_ids(sorted(set(external_ids) - done_ids), report.import_id)
     done_ids |= set(duplicate_ids)
     # Those an earlier batch of this file took, with the line that took them: for the report.
     # Only leads created since the import began can be its own (none on a plain re-run).
     earlier_lines = {ext: line for ext, line in duplicate_ids.items() if line is not None}
     earlier_lines |= _lines_taken_in(
-        [lead_id for lead_id, _, created_at in taken if created_at >= report.started_at], report.import_id
+        [lead_id for lead_id, _, created_at, *_ in taken if created_at >= report.started_at], report.import_id
     )
 
     # Dedup, as intake: the newest open or queued lead of the email within the group's window.
@@ -938,6 +987,10 @@ def _route_batch_locked(
                 report.repeated += 1
                 if len(report.repeats) < MAX_ERRORS_KEPT:
                     report.repeats.append(RowRepeat(row.line, ext, first_line))
+            elif ext in stored and (differing := _differing(row, stored[ext])):
+                report.changed += 1
+                if len(report.changes) < MAX_ERRORS_KEPT:
+                    report.changes.append(RowChanged(row.line, ext, stored[ext][0], differing))
             continue
         if ext:
             batch_external[ext] = row.line

@@ -270,7 +270,11 @@ def test_an_external_id_posted_over_the_api_or_repeated_in_the_file_is_imported_
     # The repeat names the line it repeats; the id posted over the API repeats no line.
     assert report.repeated == 1
     assert [str(r) for r in report.repeats] == ["line 4: external_id 'crm-2' duplicates line 3"]
-    assert "2 already imported (1 repeating an earlier line of the file)" in report.summary()
+    # The row whose id was posted differs from the posted lead: named, with the fields.
+    assert [(c.line, c.lead_id, c.fields) for c in report.changes] == [
+        (2, posted["id"], ["email", "first_name", "company", "country", "score"])
+    ]
+    assert "2 already imported (1 repeating an earlier line of the file, 1 differing from" in report.summary()
 
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["thread", "process"])
@@ -309,6 +313,37 @@ def test_a_rerun_names_no_line_for_the_rows_an_earlier_run_took(make_group):
     second = run(csv_of(*rows, rows[0]), batch_size=1)
     assert (second.already_imported, second.repeated, second.repeats) == (3, 0, [])
     assert "3 already imported," in second.summary()
+
+
+def test_a_rerun_names_the_rows_whose_values_differ_from_their_lead_and_changes_no_lead(make_group, post_lead):
+    # A file corrected and uploaded again was once counted "already imported" in silence, as
+    # if the corrections had gone in.
+    make_group(2, slug="emea")
+    header = "external_id,email,first_name,company,country,score,group,attributes.campaign,attributes.seats\n"
+    rows = (
+        "r-1,one@customer.example,Jane,Acme,FR,10,emea,spring,25",
+        "r-2,two@customer.example,Jim,Acme,FR,10,emea,spring,",
+        "r-3,three@customer.example,Ann,Acme,FR,10,emea,,",
+    )
+    run(csv_of(*rows, header=header))
+    post_lead(external_id="api-1", email="api@customer.example", company="Initech")
+    again = (
+        "r-1,ONE@Customer.Example,Jane,Acme,fr,10,emea,spring,25",  # the same, written otherwise
+        "r-2,two@customer.example,Jim,Acme Corp,FR,11,emea,autumn,",  # corrected
+        "r-3,three@customer.example,,,,,emea,,",  # empty cells give nothing to compare
+        "api-1,api@customer.example,,Initrode,,,emea,,",  # posted over the API
+    )
+    report = run(csv_of(*again, header=header))
+    assert (report.already_imported, report.repeated, report.changed) == (4, 0, 2)
+    leads = dict(Lead.objects.values_list("external_id", "id"))
+    assert [str(c) for c in report.changes] == [
+        f"line 3: external_id 'r-2' is lead {leads['r-2']}, taken in before, whose company, score, "
+        "attributes.campaign differ from the row (the lead is left as it is)",
+        f"line 5: external_id 'api-1' is lead {leads['api-1']}, taken in before, whose company differs from "
+        "the row (the lead is left as it is)",
+    ]
+    assert "4 already imported (2 differing from the lead taken in before)" in report.summary()
+    assert Lead.objects.get(external_id="r-2").company == "Acme"
 
 
 def test_the_rows_named_as_repeats_are_bounded(make_group, monkeypatch):

@@ -172,6 +172,24 @@ def test_upload_names_the_line_a_repeated_external_id_duplicates(admin_client, m
     assert Lead.objects.get(external_id="u-1").email == "one@customer.example"
 
 
+def test_upload_lists_the_rows_whose_values_differ_from_their_lead_linking_it(admin_client, make_group):
+    make_group(2, slug="emea")
+
+    def upload(company: str) -> str:
+        body = f"external_id,email,company,group\nv-1,one@customer.example,{company},emea\n".encode()
+        file = SimpleUploadedFile("leads.csv", body, "text/csv")
+        return " ".join(html_of(admin_client.post("/admin/lead-import/", {"file": file})).split())
+
+    assert 'id="import-changes"' not in upload("Acme")
+    html = upload("Acme Corp")
+    assert "1 already imported (1 differing from the lead taken in before)" in html
+    table = html.split('id="import-changes"')[1].split("</table>")[0]
+    lead = Lead.objects.get(external_id="v-1")
+    link = f'<a href="/admin/leads/lead/{lead.pk}/change/">{lead.pk}</a>'
+    assert f"<tr><td>2</td><td><code>v-1</code></td><td>{link}</td><td>company</td></tr>" in table, table
+    assert lead.company == "Acme"
+
+
 def test_an_upload_shows_its_progress_batch_by_batch(admin_client, make_group):
     """The page arrives in parts: the bar first, one update per batch committed, then the
     report (a browser shows each part as it comes)."""

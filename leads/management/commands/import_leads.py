@@ -36,7 +36,8 @@ class Command(BaseCommand):
         "attributes.<key> columns), in UTF-8 unless --encoding names another. Streams the file, "
         "reports bad rows by line number and "
         "imports the rest; rows whose external_id was imported already are skipped (those that "
-        "repeat an earlier row of the file are listed with its line). Exit status: "
+        "repeat an earlier row of the file are listed with its line, those whose values differ from "
+        "the lead with the fields that differ). Exit status: "
         "0 when the file was read to its end (bad rows, if any, are listed on stderr and counted "
         "in the summary); 1 when the file cannot be imported (missing, unreadable, empty, bad header) or an "
         "error stopped the import; 130 when interrupted (Ctrl-C), 143 when stopped by a TERM: the "
@@ -63,8 +64,8 @@ class Command(BaseCommand):
             type=int,
             default=50,
             help=(
-                f"How many bad rows, and how many rows repeating an earlier row's external_id, to print "
-                f"(at most {MAX_ERRORS_KEPT} of each are kept)."
+                "How many bad rows, rows repeating an earlier row's external_id, and rows differing from "
+                f"the lead their external_id names, to print (at most {MAX_ERRORS_KEPT} of each are kept)."
             ),
         )
 
@@ -166,6 +167,11 @@ class Command(BaseCommand):
             self.stderr.write(str(repeat))
         if report.repeated > len(repeats):
             self.stderr.write(f"... and {report.repeated - len(repeats)} more rows repeating an earlier line")
+        changes = report.changes[: options["show_errors"]]
+        for change in changes:
+            self.stderr.write(str(change))
+        if report.changed > len(changes):
+            self.stderr.write(f"... and {report.changed - len(changes)} more rows differing from their lead")
         rate = report.rows / elapsed if elapsed else 0
         self.stdout.write(f"{report.summary()} in {elapsed:.1f} s ({rate:.0f} rows/s), import id {report.import_id}")
 
