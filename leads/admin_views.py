@@ -66,7 +66,10 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
         "until": until,
         "group": group,
         # The picker: with many groups, the all-groups page is a long scroll to the one wanted.
-        "groups": list(Group.objects.order_by("name", "slug").values_list("slug", "name", "active")),
+        "groups": sorted(
+            Group.objects.values_list("slug", "name", "active"),
+            key=lambda g: (dashboard.natural_key(g[1]), dashboard.natural_key(g[0])),
+        ),
         "problem": problem,
         "no_group": no_group,
     }

@@ -2,11 +2,14 @@
 
 A fixed number of queries whatever the number of groups and reps (no N+1): one for the
 groups, one for the memberships, one aggregate over assignments (counts, acceptances, SLA
-breaches), one or two for the median time to accept, one for the queue episodes.
+breaches), one or two for the median time to accept, one for the queue episodes, and two more
+when reps not members now were given leads in the period (their names, and the weights they
+had when removed).
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -17,7 +20,7 @@ from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from audit.models import QUEUE_ENTRY, AuditEvent
-from rotation.models import Group, Membership, Strategy
+from rotation.models import Group, Membership, Rep, Strategy
 from rotation.strategies import turn_weight
 
 from .models import Assignment, Lead, LeadStatus
@@ -56,8 +59,10 @@ class RepRow:
     breaches: int = 0
     median_accept_s: float | None = None
     share: float = 0.0  # of the group's rotation turns in the window
-    target_share: float = 0.0  # fair share of turns among the members taking part (active, or given leads)
+    target_share: float = 0.0  # fair share of turns among the members taking part (active, or given turns)
     rep_active: bool = True  # else the rep takes no leads anywhere (`active` False: paused here, or this)
+    paused_reason: str = ""  # why paused in this group ("auto-paused after 3 SLA misses"...)
+    member: bool = True  # False: given leads in the period, not a member now (removed, or by hand)
 
     @property
     def median_accept(self) -> str:
@@ -91,7 +96,6 @@ class GroupPanel:
     queue_max: int = 0
     queue_points: list[tuple[datetime, int]] = field(default_factory=list)  # (end of each step, depth)
     queue_since: datetime | None = None  # where the first step begins
-    other_reps: int = 0  # assignments to reps not members now (given by hand, or removed since)
 
     @property
     def median_accept(self) -> str:
@@ -101,6 +105,12 @@ class GroupPanel:
     def strategy_label(self) -> str:
         """As the group's page names it ("Round robin"), not its code ("round_robin")."""
         return str(Strategy(self.strategy).label) if self.strategy in Strategy.values else self.strategy
+
+
+def natural_key(text: str) -> list[Any]:
+    """Sorts "group 2" before "group 10": the runs of digits as numbers (re.split alternates
+    text and digits, so like is compared with like)."""
+    return [int(part) if n % 2 else part.casefold() for n, part in enumerate(re.split(r"(\d+)", text))]
 
 
 def breach_q(now: datetime) -> Q:
@@ -115,14 +125,21 @@ def breach_q(now: datetime) -> Q:
 
 def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None = None) -> list[GroupPanel]:
     now = timezone.now()
-    groups = list(Group.objects.order_by("slug"))
+    groups = sorted(Group.objects.all(), key=lambda g: natural_key(g.slug))
     if group_slug:
         groups = [g for g in groups if g.slug == group_slug]
     panels = {g.id: GroupPanel(g.id, g.slug, g.name, g.strategy, g.sla_minutes, g.active) for g in groups}
     by_slug = {g.slug: panels[g.id] for g in groups}
     rows: dict[tuple[int, int], RepRow] = {}
     for m in Membership.objects.filter(group_id__in=panels).select_related("rep").order_by("group_id", "position"):
-        row = RepRow(m.rep_id, m.rep.name, m.weight, m.active and m.rep.active, rep_active=m.rep.active)
+        row = RepRow(
+            m.rep_id,
+            m.rep.name,
+            m.weight,
+            m.active and m.rep.active,
+            rep_active=m.rep.active,
+            paused_reason=m.paused_reason if not m.active else "",
+        )
         rows[(m.group_id, m.rep_id)] = row
         panels[m.group_id].reps.append(row)
 
@@ -147,10 +164,11 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
         panel.accepted += accepted
         panel.breaches += breaches
         found = rows.get((group_id, rep_id))
-        if found is None:
-            panel.other_reps += n
-            continue
+        if found is None:  # not a member now: removed since, or given leads by hand
+            found = rows[(group_id, rep_id)] = RepRow(rep_id, "", 0, False, member=False)
+            panel.reps.append(found)
         found.assigned, found.turns, found.accepted, found.breaches = n, turns, accepted, breaches
+    _former_members([(panels[g], row) for (g, _), row in rows.items() if not row.member])
 
     per_rep, per_group = _medians(since, until, list(panels))
     for (group_id, rep_id), value in per_rep.items():
@@ -160,19 +178,42 @@ def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None =
         panels[group_id].median_accept_s = value
 
     for panel in panels.values():
-        # The members that took part in the period: active now, or given leads in it (a rep
-        # paused since keeps its fair share; one away all along has none). The fair share is
-        # the weight's share in a weighted group, an equal one in the others: a round robin
-        # gives a rep of weight 2 no more turns, and the chart must not show it short-changed.
-        taking_part = [r for r in panel.reps if r.active or r.assigned]
+        # The members that took part in the rotation in the period: active now, or given
+        # rotation turns in it (a rep paused or removed since keeps its fair share; one away
+        # all along has none, even if a manager gave it a lead by hand). The fair share is the
+        # weight's share in a weighted group, an equal one in the others: a round robin gives a
+        # rep of weight 2 no more turns, and the chart must not show it short-changed.
+        taking_part = [r for r in panel.reps if r.active or r.turns]
         weights = sum(turn_weight(panel.strategy, r.weight) for r in taking_part)
         for r in panel.reps:
             r.share = r.turns / panel.turns if panel.turns else 0.0
-            taking = weights and (r.active or r.assigned)
+            taking = weights and (r.active or r.turns)
             r.target_share = turn_weight(panel.strategy, r.weight) / weights if taking else 0.0
 
     _queue_depth(by_slug, since, until, now)
     return list(panels.values())
+
+
+def _former_members(rows: list[tuple[GroupPanel, RepRow]]) -> None:
+    """Names the reps given leads in a group they are not members of now, and, for those
+    removed since, the weight they had (from their removal's audit snapshot; 1 if none)."""
+    if not rows:
+        return
+    rep_ids = {r.rep_id for _, r in rows}
+    names = dict(Rep.objects.filter(pk__in=rep_ids).values_list("id", "name"))
+    weights: dict[tuple[str, int], int] = {}
+    removals = AuditEvent.objects.filter(
+        type=AuditEvent.Type.MEMBERSHIP_CHANGED,
+        rep_id__in=rep_ids,
+        group__in={p.slug for p, _ in rows},
+        explanation__action="removed",
+    ).order_by("id")
+    for slug, rep_id, weight in removals.values_list("group", "rep_id", "explanation__before__weight"):
+        if isinstance(weight, int) and rep_id is not None:
+            weights[(slug, rep_id)] = weight  # the latest removal last
+    for panel, row in rows:
+        row.name = names.get(row.rep_id, f"rep {row.rep_id} (deleted)")
+        row.weight = weights.get((panel.slug, row.rep_id), 1)
 
 
 def queued_without_group() -> int:
@@ -307,6 +348,11 @@ def share_chart(panel: GroupPanel, *, width: int = 520, bar: int = 10) -> dict[s
     # at 11 px), so that a full share is not cut off at the chart's edge.
     figures_w = 110
     plot_w = width - label_w - figures_w
+    # The full width is the largest share shown, rounded up to a round figure: in a group of 25
+    # a fair share is 4%, and bars drawn against 100% were a few pixels each, 3.2% and 3.5%
+    # alike.
+    largest = max((max(r.share, r.target_share) for r in panel.reps), default=0.0)
+    scale = next((s for s in _SCALES if largest <= s), 1.0)
     rows = []
     for i, r in enumerate(panel.reps):
         y = 10 + i * (2 * bar + gap)
@@ -315,16 +361,27 @@ def share_chart(panel: GroupPanel, *, width: int = 520, bar: int = 10) -> dict[s
                 "name": r.name,
                 "y": y,
                 "label_y": y + bar + 3,
-                "actual_w": round(plot_w * r.share, 1),
-                "target_w": round(plot_w * r.target_share, 1),
+                "actual_w": round(plot_w * r.share / scale, 1),
+                "target_w": round(plot_w * r.target_share / scale, 1),
                 "target_y": y + bar,
                 "actual_pct": r.share_pct,
                 "target_pct": r.target_share_pct,
-                "text_x": label_w + round(plot_w * max(r.share, r.target_share), 1) + 4,
+                "text_x": label_w + round(plot_w * max(r.share, r.target_share) / scale, 1) + 4,
             }
         )
     height = 20 + len(rows) * (2 * bar + gap)
-    return {"width": width, "height": height, "label_w": label_w, "plot_w": plot_w, "bar": bar, "rows": rows}
+    return {
+        "width": width,
+        "height": height,
+        "label_w": label_w,
+        "plot_w": plot_w,
+        "bar": bar,
+        "rows": rows,
+        "scale_pct": round(100 * scale),
+    }
+
+
+_SCALES = (0.05, 0.1, 0.2, 0.25, 0.5, 1.0)
 
 
 def queue_chart(panel: GroupPanel, *, width: int = 520, height: int = 120) -> dict[str, Any]:

@@ -458,8 +458,77 @@ def test_leads_assigned_by_hand_to_a_rep_outside_the_group_are_not_said_to_be_of
     lead_id = post_lead(group="emea").json()["id"]
     actions.lead_reassign(lead_id=lead_id, rep_id=outsider.pk, reason="covering", actor="test")
     html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
-    assert "no longer in the group" not in html
-    assert "1 assignment to reps who are not members of the group" in html
+    assert "removed since" not in html
+    assert f"<td>{outsider.name} <small>(not a member now: given leads by hand)</small></td>" in html
+
+
+def test_a_lead_given_by_hand_to_a_paused_member_leaves_the_fair_shares_alone(make_group, post_lead):
+    # The rotation skipped the paused rep, as it should; a lead a manager gave it by hand once
+    # counted it as taking part, and the chart showed the others over their shares.
+    group, (a, b, paused) = make_group(3, slug="emea", strategy="weighted")
+    Membership.objects.filter(group=group, rep=a).update(weight=3)
+    Membership.objects.filter(group=group, rep=paused).update(active=False)
+    for _ in range(4):
+        post_lead(group="emea")
+    queued = post_lead(group="emea").json()["id"]
+    actions.lead_reassign(lead_id=queued, rep_id=paused.pk, reason="covering", actor="test")
+    (panel,) = dashboard_view(since=timezone.now() - timedelta(days=1), until=timezone.now(), group_slug="emea")
+    assert {r.rep_id: (r.turns, r.target_share) for r in panel.reps} == {
+        a.id: (4, 0.75),
+        b.id: (1, 0.25),
+        paused.id: (0, 0.0),
+    }
+
+
+def test_a_member_removed_since_keeps_its_turns_its_fair_share_and_its_row(admin_client, make_group, post_lead, api):
+    # A removed member's turns stayed in the total while it left the table and the fair shares:
+    # the one left read 50% of the turns against a fair share of 100%.
+    group, (a, b) = make_group(2, slug="emea", strategy="weighted", sla_minutes=1)
+    Membership.objects.filter(group=group, rep=b).update(weight=3)
+    for _ in range(4):
+        post_lead(group="emea")
+    Assignment.objects.filter(rep=b).update(due_at=timezone.now() - timedelta(seconds=1))  # missed
+    assert api.delete(f"/api/v1/groups/emea/members/{b.pk}/").status_code == 204
+    (panel,) = dashboard_view(since=timezone.now() - timedelta(days=1), until=timezone.now(), group_slug="emea")
+    rows = {r.rep_id: (r.name, r.weight, r.turns, r.share, r.target_share, r.breaches, r.member) for r in panel.reps}
+    assert rows == {a.id: (a.name, 1, 1, 0.25, 0.25, 0, True), b.id: (b.name, 3, 3, 0.75, 0.75, 3, False)}
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert f"<td>{b.name} <small>(not a member now: removed since)</small></td>" in html
+
+
+def test_a_group_without_rotation_turns_in_the_period_says_so_rather_than_draw_zeros(admin_client, make_group):
+    make_group(3, slug="emea")
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert "No rotation turns in this period" in html
+    assert "– / 33.3%" in html and "0.0% / 33.3%" not in html
+
+
+def test_an_auto_paused_member_says_why(admin_client, make_group):
+    group, (a,) = make_group(1, slug="emea")
+    Membership.objects.filter(group=group, rep=a).update(active=False, paused_reason="auto-paused after 3 SLA misses")
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert f"<td>{a.name} <small>(paused in this group: auto-paused after 3 SLA misses)</small></td>" in html
+
+
+def test_the_share_chart_is_drawn_to_the_largest_share_so_a_large_groups_bars_can_be_told_apart(make_group, post_lead):
+    from leads.dashboard import share_chart
+
+    make_group(25, slug="big")
+    for _ in range(25):
+        post_lead(group="big")
+    (panel,) = dashboard_view(since=timezone.now() - timedelta(days=1), until=timezone.now(), group_slug="big")
+    chart = share_chart(panel)
+    assert chart["scale_pct"] == 5  # every share is 4%
+    assert {r["target_w"] for r in chart["rows"]} == {round(chart["plot_w"] * 0.04 / 0.05, 1)}
+
+
+def test_groups_are_listed_with_their_numbers_in_order(admin_client, make_group):
+    for n in (10, 2, 1):
+        make_group(0, slug=f"g{n}", name=f"Group {n}")
+    html = admin_client.get("/admin/dashboard/").content.decode()
+    assert html.index('id="group-g1"') < html.index('id="group-g2"') < html.index('id="group-g10"')
+    picker = html.split("<select")[1].split("</select>")[0]
+    assert picker.index("Group 1 (g1)") < picker.index("Group 2 (g2)") < picker.index("Group 10 (g10)")
 
 
 def test_a_rep_made_inactive_is_said_inactive_not_paused_in_the_group(admin_client, make_group, post_lead):
