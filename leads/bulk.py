@@ -457,7 +457,8 @@ def leads_import_steps(
     A bad header raises ImportFormatError at the first step; stopped early (closed), the
     batches already committed stay, as after an import cut short."""
     report = ImportReport(import_id=import_id or new_import_id())
-    reader = csv.reader(lines, strict=True)
+    source = _LinesReadAgain(lines)
+    reader = csv.reader(source, strict=True)
     header: list[str] = []
     start = 1
     try:
@@ -480,20 +481,31 @@ def leads_import_steps(
         parsed = _Parsed([], 0, 0, [])
         local = ImportReport(import_id=report.import_id)  # collects this batch's bad rows
         line = reader.line_num
+        again = 0  # lines read twice: the reader counts them twice
         while True:
+            source.row.clear()
             try:
                 cells = next(reader)
             except StopIteration:
                 break
             except csv.Error as exc:
-                # Malformed CSV: that row is reported and the reader goes on at the next line.
-                start, line = line + 1, reader.line_num
+                # Malformed CSV: that row is reported and the reader goes on at the next line,
+                # also when the row ran on over several (a quote never closed): those lines are
+                # read again as rows of their own, not lost with it.
+                start, end = line + 1, reader.line_num - again
+                problem = _csv_problem(exc, start, end)
+                if end > start:
+                    again += source.read_again()
+                    lines_after = f"Line {end} is" if end == start + 1 else f"Lines {start + 1}-{end} are"
+                    problem += f" {lines_after} read again as rows of their own."
+                line = start
                 parsed.read += 1
                 local.invalid += 1
                 if len(local.errors) < MAX_ERRORS_KEPT:
-                    local.errors.append(RowError(start, {"row": [_csv_problem(exc, start, line)]}))
+                    local.errors.append(RowError(start, {"row": [problem]}))
                 continue
-            start, line = line + 1, reader.line_num  # a quoted cell may span lines: report the first
+            # A quoted cell may span lines: report the first.
+            start, line = line + 1, reader.line_num - again
             if not any(c.strip() for c in cells):
                 continue
             parsed.read += 1
@@ -520,6 +532,33 @@ def leads_import_steps(
             _route_batch(parsed.rows, groups=groups, actor=actor, report=report, notify_reps=notify_reps)
         yield parsed.read
     return report
+
+
+class _LinesReadAgain:
+    """The file's lines for the csv module, keeping those of the row being read (`row`, cleared
+    by the caller before each): a row the module gave up on after several lines can be refused
+    alone, its lines after the first read again. At most the csv module's cell limit is kept
+    (128 KiB: past it, the module gives up)."""
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        self._lines = iter(lines)
+        self._again: list[str] = []  # the lines to read again, the next one last
+        self.row: list[str] = []
+
+    def __iter__(self) -> _LinesReadAgain:
+        return self
+
+    def __next__(self) -> str:
+        line = self._again.pop() if self._again else next(self._lines)
+        self.row.append(line)
+        return line
+
+    def read_again(self) -> int:
+        """Puts back the lines of the row read but its first; returns how many."""
+        self._again.extend(reversed(self.row[1:]))
+        count = len(self.row) - 1
+        self.row.clear()
+        return count
 
 
 def _csv_problem(exc: csv.Error, start: int, end: int) -> str:

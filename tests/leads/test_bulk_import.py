@@ -862,16 +862,38 @@ def test_malformed_csv_is_a_bad_row_and_the_reader_goes_on(make_group):
             good_rows(1, prefix="c")[0],
             'd-1,d1@customer.example,"Jane"Doe,Acme,FR,10,emea,',  # text after a closing quote
             good_rows(1, prefix="e")[0],
-            'f-1,f1@customer.example,"Jane,Acme,FR,10,emea,',  # never closed: takes the rest
+            'f-1,f1@customer.example,"Jane,Acme,FR,10,emea,',  # never closed: ran on to the end
             good_rows(1, prefix="g")[0],
         )
     )
     by_line = {e.line: str(e) for e in report.errors}
     assert set(by_line) == {3, 5, 7}
     assert "longer than" in by_line[3] and "closing quote" in by_line[5]
-    assert "not closed before the end of the file (lines 7-8)" in by_line[7]
-    assert sorted(Lead.objects.values_list("external_id", flat=True)) == ["a-0", "c-0", "e-0"]
-    assert (report.rows, report.imported, report.invalid) == (6, 3, 3)
+    assert "not closed before the end of the file (lines 7-8). Line 8 is read again" in by_line[7]
+    # The lines a quote never closed ran on over are not lost with its row.
+    assert sorted(Lead.objects.values_list("external_id", flat=True)) == ["a-0", "c-0", "e-0", "g-0"]
+    assert (report.rows, report.imported, report.invalid) == (7, 4, 3)
+
+
+def test_a_quote_never_closed_refuses_its_row_alone_and_the_lines_after_it_keep_their_numbers(make_group):
+    # Once, the quote took every line after it into one cell, up to the cell limit: thousands
+    # of rows lost as one bad row.
+    make_group(1, slug="emea")
+    rows = good_rows(2000, prefix="n")
+    rows[10] = 'n-10,n10@customer.example,"Jane,Acme,FR,10,emea,'  # line 12: runs on to line 22's quote
+    rows[20] = 'n-20,n20@customer.example,Jane "JJ" Doe,Acme,FR,10,emea,'  # a quote inside a cell is text
+    rows[30] = '"n-30,n30@customer.example,Jane,Acme,FR,10,emea,'  # line 32: runs on to line 1300's
+    rows[1298] = 'n-1298,n1298@customer.example,"Jane, the ""J""",Acme,FR,10,emea,'
+    report = run(csv_of(*rows), batch_size=300)
+    assert (report.rows, report.imported, report.invalid) == (2000, 1998, 2)
+    by_line = {e.line: str(e) for e in report.errors}
+    assert sorted(by_line) == [12, 32], by_line
+    assert "(lines 12-22). Lines 13-22 are read again as rows of their own." in by_line[12]
+    assert "(lines 32-1300). Lines 33-1300 are read again as rows of their own." in by_line[32]
+    imported = set(Lead.objects.values_list("external_id", flat=True))
+    assert len(imported) == 1998 and not {"n-10", "n-30"} & imported
+    assert Lead.objects.get(external_id="n-1298").first_name == 'Jane, the "J"'
+    assert Lead.objects.get(external_id="n-20").first_name == 'Jane "JJ" Doe'
 
 
 @pytest.mark.parametrize(
