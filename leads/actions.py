@@ -195,6 +195,8 @@ def _assign(
     `last_attempt`: the lead's highest attempt so far, when the caller has read it (under the
     lead's lock)."""
     due = routing.sla_due(group, now) if group is not None else None
+    # The rep it moves away from (a reassignment, a reroute), told so by e-mail.
+    from_rep = lead.owner_id if lead.status in OPEN_STATUSES and lead.owner_id != rep_id else None
     last = last_attempt
     if last is None:
         last = Assignment.objects.filter(lead=lead).order_by("-attempt").values_list("attempt", flat=True).first()
@@ -214,7 +216,17 @@ def _assign(
     # Webhook and e-mail to the new owner: an outbox row in this transaction, sent after commit.
     event = "lead.escalated" if reason == Assignment.Reason.ESCALATION else "lead.assigned"
     notify.lead_notify(lead=lead, event=event, reason=reason, attempt=assignment.attempt, at=now, group=group)
+    if from_rep is not None:
+        notify.lead_notify_moved_away(lead=lead, rep_id=from_rep, why=_MOVED_BY.get(reason, _MOVED), at=now)
     return assignment
+
+
+_MOVED = "it was given to another rep"
+_MOVED_BY = {
+    Assignment.Reason.MANUAL: "a manager gave it to another rep",
+    Assignment.Reason.REROUTE: "it was routed again, to another rep",
+    ownership.OWNER_MATCH: "it was routed again, to its account's owner",
+}
 
 
 def _queue(lead: Lead, reason: str) -> None:
@@ -469,6 +481,15 @@ def _escalate_many_locked(
                 moved = routing.advance_apply(state, decision) or moved
                 _facts_moved(facts, decision.rep_id, open=1, assigned_today=1)
                 explanation.update({"to_rep": new.rep_id, "attempt": new.attempt, "sla_due_at": _iso(new.due_at)})
+        outbox.append(
+            notify.lead_moved_away_message(
+                lead=lead,
+                rep_id=missed_rep,
+                why="it was not accepted by its due time, and "
+                + ("went to another rep" if new is not None else "went to the fallback queue"),
+                at=now,
+            )
+        )
         if new is None:
             explanation.update({"to_rep": None, "queued": True, "queue_reason": lead.queue_reason})
             # The group's webhooks hear of it too (owner null): the CRM must not go on showing
@@ -1151,6 +1172,9 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False, because
             # as after an escalation to the queue, or the CRM would go on showing the old owner.
             if new is None:
                 notify.lead_notify_left(lead=lead, group=from_group, reason="queued", attempt=previous.attempt, at=now)
+                notify.lead_notify_moved_away(
+                    lead=lead, rep_id=previous.rep_id, why="it was routed again, to the fallback queue", at=now
+                )
             else:
                 notify.lead_notify_left(lead=lead, group=from_group, reason=new.reason, attempt=new.attempt, at=now)
         audit_record_many(

@@ -1,4 +1,5 @@
-"""Lead events to announce (webhook per group, e-mail to the rep), through the outbox.
+"""Lead events to announce (webhook per group, e-mail to the rep; an e-mail to a rep a lead
+moved away from), through the outbox.
 
 Call `lead_notify` inside the transaction that assigned or escalated the lead, after the
 lead row has its new owner: it writes one outbox row (one INSERT) and the delivery runs in
@@ -12,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from notifications.models import OutboxMessage
-from notifications.services import outbox_announce_on_commit, outbox_message
+from notifications.services import MOVED_AWAY, outbox_announce_on_commit, outbox_message
 from rotation.models import Group
 
 from .models import LEAD_DATA_FIELDS, Lead
@@ -58,6 +59,24 @@ def lead_notify_left(*, lead: Lead, group: Group, reason: str, attempt: int, at:
     e-mail: the new owner, if any, has the assignment's."""
     message = lead_outbox_message(lead=lead, event="lead.rerouted", reason=reason, attempt=attempt, at=at, group=group)
     message.payload["lead"]["group"] = lead.group.slug if lead.group is not None else None
+    message.save(force_insert=True)
+    outbox_announce_on_commit(message.id)
+
+
+def lead_moved_away_message(*, lead: Lead, rep_id: int, why: str, at: datetime) -> OutboxMessage:
+    """The e-mail telling `rep_id`, who held `lead`, that it is no longer theirs (`why`: "not
+    accepted by its due time, it went to another rep"...), so that nobody works a lead someone
+    else now owns. No group: no webhook (the group's webhooks hear of the move by the lead's
+    own message). Unsaved, for the caller's transaction."""
+    values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes", "queue_reason")}
+    slug = lead.group.slug if lead.group_id is not None and lead.group is not None else None
+    payload = lead_payload_values(values, slug, why=why)
+    return outbox_message(event=MOVED_AWAY, lead_id=lead.id, group_id=None, rep_id=rep_id, payload=payload, at=at)
+
+
+def lead_notify_moved_away(*, lead: Lead, rep_id: int, why: str, at: datetime) -> None:
+    """`lead_moved_away_message`, written and announced after commit."""
+    message = lead_moved_away_message(lead=lead, rep_id=rep_id, why=why, at=at)
     message.save(force_insert=True)
     outbox_announce_on_commit(message.id)
 

@@ -46,9 +46,12 @@ from .models import Delivery, OutboxMessage, WebhookEndpoint, new_secret, url_sh
 logger = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Signature"
-# The events that e-mail the rep they name (a lead.rerouted names the new owner for the webhooks
-# of the group the lead left; that rep is e-mailed by the assignment's own message).
+# The events that give the rep they name a lead, with an accept link in its e-mail (a
+# lead.rerouted names the new owner for the webhooks of the group the lead left; that rep is
+# e-mailed by the assignment's own message).
 EMAILED_EVENTS = ("lead.assigned", "lead.escalated")
+# The message that tells a rep a lead it held is no longer its: an e-mail only (no group).
+MOVED_AWAY = "lead.moved_away"
 
 
 class DeliveryError(Exception):
@@ -309,7 +312,7 @@ def _deliveries_for(messages: list[OutboxMessage], now: datetime) -> list[Delive
                     next_attempt_at=now,
                 )
             )
-        if settings.NOTIFY_REP_EMAIL and m.rep_id in emails and m.event in EMAILED_EVENTS:
+        if settings.NOTIFY_REP_EMAIL and m.rep_id in emails and m.event in (*EMAILED_EVENTS, MOVED_AWAY):
             out.append(
                 Delivery(
                     message=m,
@@ -790,15 +793,22 @@ def email_content(d: Delivery) -> tuple[str, str]:
     """Subject and body. Contact details stay in the app (the link), not in the mail."""
     m = d.message
     lead = m.payload.get("lead", {})
-    verb = {"lead.assigned": "assigned to you", "lead.escalated": "escalated to you"}.get(m.event, m.event)
-    subject = f"Lead #{m.lead_id} {verb}"
+    if m.event == MOVED_AWAY:
+        # What it says of why is the product's own text, never a lead's or a manager's.
+        subject = f"Lead #{m.lead_id} is no longer yours"
+        first = f"Lead #{m.lead_id} in group {lead.get('group') or '-'} is no longer yours: {m.payload.get('why')}."
+    else:
+        verb = {"lead.assigned": "assigned to you", "lead.escalated": "escalated to you"}.get(m.event, m.event)
+        subject = f"Lead #{m.lead_id} {verb}"
+        first = f"Lead #{m.lead_id} was {verb} in group {lead.get('group') or '-'}."
     lines = [
-        f"Lead #{m.lead_id} was {verb} in group {lead.get('group') or '-'}.",
+        first,
         "",
         *(
             f"{label}: {_email_value(d, key, lead[key])}"
             for key, label in _EMAIL_FIELDS
-            if lead.get(key) not in (None, "")
+            # The due time is the new owner's: nothing to accept for the rep it moved from.
+            if lead.get(key) not in (None, "") and not (key == "sla_due_at" and m.event == MOVED_AWAY)
         ),
         "",
     ]

@@ -1445,3 +1445,66 @@ def test_a_leads_messages_arriving_out_of_order_carry_the_order_they_were_writte
     latest = max(arrived, key=lambda doc: doc["sequence"])  # what a receiver keeps
     assert latest["event"] == "lead.escalated" and latest["lead"]["owner"]["id"] == reps[1].id
     assert all(doc["id"] == f"msg_{doc['sequence']}" for doc in arrived)
+
+
+def _sent_emails(event: str) -> list:
+    """Fans out and sends the messages of `event` not dispatched yet; the e-mails they sent."""
+    mail.outbox.clear()
+    for message in OutboxMessage.objects.filter(event=event, dispatched_at__isnull=True).order_by("id"):
+        for delivery_id in services.outbox_dispatch(message_id=message.id):
+            assert services.delivery_attempt(delivery_id=delivery_id) is None
+    return list(mail.outbox)
+
+
+def test_a_rep_a_lead_moves_away_from_is_told_by_email_and_no_webhook_hears_of_it(post_lead, make_group):
+    # A rep whose lead was escalated, reassigned or rerouted away heard nothing and could go on
+    # working a lead someone else now owned.
+    from leads import actions
+    from leads.models import Assignment
+
+    group, (first, second) = make_group(2, slug="emea", sla_minutes=5)
+    WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/")
+    lead_id = post_lead(group="emea", company="Acme").json()["id"]
+    assignment = Assignment.objects.get(lead_id=lead_id)
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    with transaction.atomic():
+        assert actions.lead_escalate(assignment_id=assignment.pk).outcome == "escalated"
+    [told] = _sent_emails("lead.moved_away")
+    assert told.to == [first.email] and told.subject == f"Lead #{lead_id} is no longer yours"
+    assert (
+        f"Lead #{lead_id} in group emea is no longer yours: it was not accepted by its due time, and went to "
+        "another rep." in told.body
+    )
+    assert "Acme" in told.body and "Accept" not in told.body and "/leads/accept/" not in told.body
+    message = OutboxMessage.objects.get(event="lead.moved_away")
+    assert message.group_id is None and not message.deliveries.filter(channel="webhook").exists()
+
+    actions.lead_reassign(lead_id=lead_id, rep_id=first.pk, reason="covering", actor="test")
+    [told] = _sent_emails("lead.moved_away")
+    assert told.to == [second.email] and "no longer yours: a manager gave it to another rep." in told.body
+
+    group.memberships.update(active=False)
+    actions.lead_reroute(lead_id=lead_id, actor="test")
+    [told] = _sent_emails("lead.moved_away")
+    assert told.to == [first.email] and "no longer yours: it was routed again, to the fallback queue." in told.body
+
+    # A queued lead given by hand moves away from nobody.
+    group.memberships.update(active=True)
+    actions.lead_reassign(lead_id=lead_id, rep_id=second.pk, reason="covering", actor="test")
+    assert _sent_emails("lead.moved_away") == []
+    assert OutboxMessage.objects.filter(event="lead.moved_away").count() == 3
+
+
+def test_an_escalation_to_the_queue_tells_the_rep_who_missed_it(post_lead, make_group):
+    from leads import actions
+    from leads.models import Assignment
+
+    group, [rep] = make_group(1, slug="emea", sla_minutes=5, max_attempts=1)
+    lead_id = post_lead(group="emea").json()["id"]
+    assignment = Assignment.objects.get(lead_id=lead_id)
+    Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    with transaction.atomic():
+        assert actions.lead_escalate(assignment_id=assignment.pk).outcome == "queued"
+    [told] = _sent_emails("lead.moved_away")
+    assert told.to == [rep.email]
+    assert "no longer yours: it was not accepted by its due time, and went to the fallback queue." in told.body
