@@ -894,6 +894,10 @@ def lead_accept(*, lead_id: int, rep_id: int, actor: str) -> Lead:
         if assignment is not None:
             _miss_run_ends_if_in_time(assignment, now)
         due = assignment.due_at if assignment else None
+        # The group's webhooks hear of it (the CRM shows the lead taken); no e-mail.
+        notify.lead_notify(
+            lead=lead, event="lead.accepted", reason="accepted", attempt=assignment.attempt if assignment else 0, at=now
+        )
         audit_record_many(
             events=[
                 Event(
@@ -1210,6 +1214,10 @@ def lead_close(*, lead_id: int, outcome: str, actor: str, only_queued: bool = Fa
             _miss_run_ends_if_in_time(previous, now)
         lead.status, lead.outcome, lead.closed_at, lead.queue_reason = LeadStatus.CLOSED, outcome, now, ""
         lead.save(update_fields=LEAD_ROUTING_FIELDS)
+        # The group's webhooks hear of it, the outcome as the reason; no e-mail.
+        notify.lead_notify(
+            lead=lead, event="lead.closed", reason=outcome, attempt=previous.attempt if previous else 0, at=now
+        )
         audit_record_many(
             events=[
                 Event(

@@ -46,7 +46,9 @@ def lead_notify(
     *, lead: Lead, event: str, reason: str, attempt: int, at: datetime | None = None, group: Group | None = None
 ) -> None:
     """Announces that `lead` now belongs to `lead.owner` (event "lead.assigned" or
-    "lead.escalated"), to the webhooks of `group` (default: the lead's group)."""
+    "lead.escalated", which e-mail the rep too), or that its owner accepted or closed it
+    ("lead.accepted", "lead.closed": webhooks only), to the webhooks of `group` (default: the
+    lead's group)."""
     message = lead_outbox_message(lead=lead, event=event, reason=reason, attempt=attempt, at=at, group=group)
     message.save(force_insert=True)
     outbox_announce_on_commit(message.id)

@@ -159,7 +159,14 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
 
 
 # The lead events announced to webhooks and reps (leads/notify.py).
-ANNOUNCED_EVENTS = ("lead.assigned", "lead.escalated", "lead.rerouted", "lead.moved_away")
+ANNOUNCED_EVENTS = (
+    "lead.assigned",
+    "lead.escalated",
+    "lead.rerouted",
+    "lead.accepted",
+    "lead.closed",
+    "lead.moved_away",
+)
 
 
 class EventFilter(admin.SimpleListFilter):

@@ -1508,3 +1508,34 @@ def test_an_escalation_to_the_queue_tells_the_rep_who_missed_it(post_lead, make_
     [told] = _sent_emails("lead.moved_away")
     assert told.to == [rep.email]
     assert "no longer yours: it was not accepted by its due time, and went to the fallback queue." in told.body
+
+
+def test_accepting_and_closing_a_lead_tell_the_groups_webhooks_and_email_nobody(post_lead, make_group):
+    # The CRM showed a lead as waiting for its rep until the SLA ran out, and open for good.
+    from leads import actions
+
+    group, [rep] = make_group(1, slug="emea", sla_minutes=5)
+    WebhookEndpoint.objects.create(group=group, url="http://127.0.0.1:9/")
+    lead_id = post_lead(group="emea").json()["id"]
+    actions.lead_accept(lead_id=lead_id, rep_id=rep.pk, actor="test")
+    actions.lead_accept(lead_id=lead_id, rep_id=rep.pk, actor="test")  # twice: a no-op, told once
+    actions.lead_close(lead_id=lead_id, outcome="won", actor="test")
+    accepted, closed = OutboxMessage.objects.filter(event__in=["lead.accepted", "lead.closed"]).order_by("id")
+    assert (accepted.event, accepted.group_id, accepted.rep_id, accepted.payload["reason"]) == (
+        "lead.accepted",
+        group.id,
+        rep.id,
+        "accepted",
+    )
+    assert accepted.payload["lead"]["status"] == "accepted" and accepted.payload["attempt"] == 1
+    assert (closed.event, closed.payload["reason"], closed.payload["lead"]["status"]) == (
+        "lead.closed",
+        "won",
+        "closed",
+    )
+    for message in (accepted, closed):
+        deliveries = Delivery.objects.filter(id__in=services.outbox_dispatch(message_id=message.id))
+        assert [d.channel for d in deliveries] == ["webhook"]
+        body = json.loads(services.webhook_body(deliveries[0]))
+        assert body["event"] == message.event and body["lead"]["owner"]["id"] == rep.id
+        assert body["sequence"] > OutboxMessage.objects.get(event="lead.assigned").id
