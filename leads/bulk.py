@@ -1047,7 +1047,7 @@ def _route_batch_locked(
             duplicates.append((existing[0], slug, existing[3], row, window))
             continue
         domain = ownership.email_domain(row.email_normalized)
-        owner = ownership.OwnerHint(owners[domain], domain) if domain in owners else None
+        owner = owners.get(domain)
         lead = _route_one(row, group, turns, now, owner)
         new.append(lead)
         batch_email[row.email_normalized] = lead

@@ -1,5 +1,6 @@
 """Account ownership (sticky routing): a lead whose email domain belongs to an account owned
-by an active rep goes to that rep, skipping the rotation.
+by an active rep goes to that rep, skipping the rotation. A domain belongs to the account of
+its own name, else of the nearest domain it is under (`eu.acme.com` to `acme.com`).
 
 The account is looked up before the lock (by domain); whether its owner may take the lead is
 decided after the lock, from the member facts routing reads there. The owner takes the lead
@@ -43,35 +44,49 @@ def email_domain(email: str) -> str:
     return domain_unicode(email.rsplit("@", 1)[-1]) if "@" in email else ""
 
 
+def account_domains(domain: str) -> list[str]:
+    """The account domains an email domain belongs to, the most specific first: itself and
+    the domains it is under, down to two labels (`eu.mail.acme.com`: itself, `mail.acme.com`,
+    `acme.com`): a contact writing from a company's subdomain is the company's."""
+    labels = domain.split(".")
+    return [".".join(labels[i:]) for i in range(max(len(labels) - 1, 1))] if domain else []
+
+
 def account_owner_lookup(*, email: str) -> OwnerHint | None:
-    """The active rep owning the account of this email's domain, if any (before the lock)."""
+    """The active rep owning the account of this email's domain (or of the nearest domain
+    it is under), if any (before the lock)."""
     domain = email_domain(email)
     if not domain:
         return None
-    return configcache.cached("account-owner", domain, lambda: _account_owner_load(domain))
+    return configcache.cached("account-owner", domain, lambda: account_owners([domain]).get(domain))
 
 
-def _account_owner_load(domain: str) -> OwnerHint | None:
-    owner_id = Account.objects.filter(domain=domain, owner__active=True).values_list("owner_id", flat=True).first()
-    return OwnerHint(owner_id, domain) if owner_id is not None else None
-
-
-def account_owners(domains: Iterable[str]) -> dict[str, int]:
-    """The active owner of each of these domains' accounts (bulk import's per-batch look-up).
-    On PostgreSQL the domains go as one array parameter: an IN list of a batch's hundreds of
-    domains cost more to build and send than the look-up itself."""
-    values = sorted(set(domains) - {""})
+def account_owners(domains: Iterable[str]) -> dict[str, OwnerHint]:
+    """For each of these email domains that belongs to an account with an active owner (its
+    own, else the nearest domain it is under: `account_domains`), that owner and the account's
+    domain. One look-up for all (bulk import's per batch). On PostgreSQL the domains go as one
+    array parameter: an IN list of a batch's hundreds of domains cost more to build and send
+    than the look-up itself."""
+    wanted = {d: account_domains(d) for d in set(domains) - {""}}
+    values = sorted({a for candidates in wanted.values() for a in candidates})
     if not values:
         return {}
     if connection.vendor != "postgresql":
-        return dict(Account.objects.filter(domain__in=values, owner__active=True).values_list("domain", "owner_id"))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT a.domain, a.owner_id FROM {Account._meta.db_table} a"  # noqa: S608 - the models' tables
-            f" JOIN {Rep._meta.db_table} r ON r.id = a.owner_id WHERE r.active AND a.domain = ANY(%s::text[])",
-            [values],
-        )
-        return dict(cursor.fetchall())
+        found = dict(Account.objects.filter(domain__in=values, owner__active=True).values_list("domain", "owner_id"))
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT a.domain, a.owner_id FROM {Account._meta.db_table} a"  # noqa: S608 - the models' tables
+                f" JOIN {Rep._meta.db_table} r ON r.id = a.owner_id WHERE r.active AND a.domain = ANY(%s::text[])",
+                [values],
+            )
+            found = dict(cursor.fetchall())
+    owners = {}
+    for domain, candidates in wanted.items():
+        account = next((a for a in candidates if a in found), None)
+        if account is not None:
+            owners[domain] = OwnerHint(found[account], account)
+    return owners
 
 
 def owner_decide(

@@ -796,7 +796,8 @@ def email_content(d: Delivery) -> tuple[str, str]:
     if m.event == MOVED_AWAY:
         # What it says of why is the product's own text, never a lead's or a manager's.
         subject = f"Lead #{m.lead_id} is no longer yours"
-        first = f"Lead #{m.lead_id} in group {lead.get('group') or '-'} is no longer yours: {m.payload.get('why')}."
+        # No group named: after a reroute the lead's group is the one it went to, not the rep's.
+        first = f"Lead #{m.lead_id} is no longer yours: {m.payload.get('why')}."
     else:
         verb = {"lead.assigned": "assigned to you", "lead.escalated": "escalated to you"}.get(m.event, m.event)
         subject = f"Lead #{m.lead_id} {verb}"

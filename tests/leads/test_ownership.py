@@ -1,8 +1,11 @@
 """Account ownership (sticky routing): owner when eligible, else per the group's fallback."""
 
+import io
+
 import pytest
 
 from audit.models import AuditEvent
+from leads.bulk import leads_import
 from leads.models import Assignment
 from rotation.models import Account, Membership, RotationState
 from tests.factories import RepFactory
@@ -158,3 +161,28 @@ def test_a_rule_on_a_non_ascii_email_domain_matches_either_spelling(api, make_gr
     assert api.post("/api/v1/rules/", rule, format="json").status_code == 201
     assert post(api, "jane@bücher.example")["group"] == "books"
     assert post(api, "john@xn--bcher-kva.example")["group"] == "books"
+
+
+def test_a_subdomain_belongs_to_the_nearest_account_it_is_under(api, make_group):
+    # A contact writing from a company's subdomain went to the rotation, not to its owner.
+    group, (a, b, c) = make_group(3, slug="pool")
+    Account.objects.create(domain="acme.example", owner=b)
+    Account.objects.create(domain="eu.acme.example", owner=c)
+    assert post(api, "x@mail.acme.example")["owner"]["id"] == b.id
+    assert post(api, "y@sales.eu.acme.example")["owner"]["id"] == c.id  # the nearest account
+    assert post(api, "z@notacme.example")["owner"]["id"] == a.id  # a longer name is another domain
+    event = decision_event(post(api, "w@mail.acme.example")["id"])
+    assert event.explanation["account"] == "acme.example"
+    simulated = api.post("/api/v1/routing/simulate/", {"email": "v@x.eu.acme.example", "group": "pool"}, format="json")
+    assert simulated.json()["rep"]["id"] == c.id
+    # The import finds the same owners.
+    report = leads_import(
+        lines=io.StringIO("email,group\nu@mail.acme.example,pool\nt@a.eu.acme.example,pool\n"), actor="t"
+    )
+    assert report.imported == 2
+    owners = dict(
+        Assignment.objects.filter(lead__email__in=["u@mail.acme.example", "t@a.eu.acme.example"]).values_list(
+            "lead__email", "rep_id"
+        )
+    )
+    assert owners == {"u@mail.acme.example": b.id, "t@a.eu.acme.example": c.id}
