@@ -124,7 +124,7 @@ def test_the_admin_shows_times_to_the_second(staff, api, make_group):
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
     due = Lead.objects.get(pk=lead_id).sla_due_at
     html = staff.get(f"/admin/leads/lead/{lead_id}/change/").content.decode()
-    assert f"{due:%H:%M:%S}" in html, html[-3000:]
+    assert f"{due:%H:%M:%S} UTC" in html, html[-3000:]
     assert "a.m." not in html and "p.m." not in html
 
 
