@@ -18,6 +18,20 @@ export PUBLIC_BASE_URL=${PUBLIC_BASE_URL:-http://$ADDRESS:$PORT}
 export ALLOWED_HOSTS=${ALLOWED_HOSTS:-localhost,127.0.0.1,[::1],$ADDRESS}
 export DJANGO_SETTINGS_MODULE=${DJANGO_SETTINGS_MODULE:-routing_project.settings.local}
 mkdir -p var/log
+
+# A line of this script's own: JSON under LOG_FORMAT=json, as the processes' lines are (a log
+# shipper reading the output takes every line), else text. say LEVEL MESSAGE
+say() {
+    if [ "${LOG_FORMAT:-}" = json ]; then
+        local message=${2//\\/\\\\}
+        message=${message//\"/\\\"}
+        printf '{"ts": "%s", "level": "%s", "logger": "run.sh", "message": "%s"}\n' \
+            "$(date -u +%Y-%m-%dT%H:%M:%S.%3N+00:00)" "$1" "$message"
+    else
+        printf '%s\n' "$2"
+    fi
+}
+
 # One Prometheus multiprocess directory for web, worker and beat, emptied before they start:
 # GET /metrics then also shows what the worker counts (escalations, SLA breaches).
 export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/metrics}
@@ -29,7 +43,7 @@ mkdir -p "$PROMETHEUS_MULTIPROC_DIR" && find "$PROMETHEUS_MULTIPROC_DIR" -maxdep
 # (gunicorn.conf.py, run as a script, refuses a bad WEB_* naming it), and Django's settings.
 case $PORT in
     '' | *[!0-9]*)
-        echo "Configuration error: PORT is '$PORT': give a port number (8000)." >&2
+        say ERROR "Configuration error: PORT is '$PORT': give a port number (8000)." >&2
         exit 1
         ;;
 esac
@@ -94,7 +108,7 @@ keep_running() {
         set +m
         status=0
         wait "$child" || status=$?
-        echo "$log: the process stopped (exit status $status); starting it again." >&2
+        say WARNING "$log: the process stopped (exit status $status); starting it again." >&2
         sleep 2
     done
 }
@@ -115,7 +129,7 @@ pids+=($!)
 keep_running var/log/beat.log \
 "$VENV/bin/celery" -A routing_project --quiet beat --loglevel INFO --schedule var/celerybeat-schedule &
 pids+=($!)
-echo "Worker and beat started (logs in var/log/, e-mails to reps in var/mail/). Web on http://$ADDRESS:$PORT/ (Ctrl-C stops everything)."
+say INFO "Worker and beat started (logs in var/log/, e-mails to reps in var/mail/). Web on http://$ADDRESS:$PORT/ (Ctrl-C stops everything)."
 "$VENV/bin/gunicorn" routing_project.wsgi:application --config gunicorn.conf.py --bind "$ADDRESS:$PORT" &
 pids+=($!)
 wait -n "${pids[@]}"

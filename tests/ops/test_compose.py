@@ -1,6 +1,7 @@
 """docker-compose.yml (the production shape) and scripts/run.sh, as their logs come out."""
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -138,6 +139,31 @@ def test_make_run_refuses_a_port_that_is_no_number_before_anything(tmp_path, por
         timeout=60,
     )
     assert done.returncode == 1 and f"Configuration error: PORT is '{port}'" in done.stderr, done.stderr
+
+
+def test_make_runs_own_lines_are_json_under_log_format_json(tmp_path):
+    # Its supervisor's lines were text among the JSON ones, which a log shipper then refused.
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(COMPOSE.parent / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    env = {**os.environ, "VENV": ".venv", "PORT": "80a", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "run.sh")],
+        env={**env, "LOG_FORMAT": "json"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    line = json.loads(done.stderr.strip().splitlines()[-1])
+    assert (line["level"], line["logger"]) == ("ERROR", "run.sh")
+    assert line["message"] == "Configuration error: PORT is '80a': give a port number (8000)."
+    # Quotes and backslashes in a message (a log file's path) stay JSON.
+    say = re.search(r"^say\(\) \{.*?^\}", (COMPOSE.parent / "scripts" / "run.sh").read_text(), re.S | re.M)
+    assert say is not None
+    script = f"{say.group(0)}\nsay WARNING 'var/log/\"odd\"\\name: stopped'"
+    out = subprocess.run(["bash", "-c", script], env={**env, "LOG_FORMAT": "json"}, capture_output=True, text=True)
+    assert json.loads(out.stdout)["message"] == 'var/log/"odd"\\name: stopped', out.stdout
+    plain = subprocess.run(["bash", "-c", script], env={**env, "LOG_FORMAT": "text"}, capture_output=True, text=True)
+    assert plain.stdout == 'var/log/"odd"\\name: stopped\n'
 
 
 def test_make_run_keeps_allowed_hosts_it_is_given(tmp_path):
