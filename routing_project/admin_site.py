@@ -14,6 +14,7 @@ from django.contrib.admin.apps import AdminConfig
 from django.contrib.admin.views.autocomplete import AutocompleteJsonView
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 
 
 class LabelledAutocompleteJsonView(AutocompleteJsonView):
@@ -28,6 +29,32 @@ class LabelledAutocompleteJsonView(AutocompleteJsonView):
 class RouterAdminSite(admin.AdminSite):
     def autocomplete_view(self, request: HttpRequest) -> HttpResponse:
         return LabelledAutocompleteJsonView.as_view(admin_site=self)(request)  # type: ignore[return-value]
+
+    def each_context(self, request: HttpRequest) -> dict[str, Any]:
+        """The sidebar lists the operations pages too (the dashboard, the import), which the
+        index links above its apps: a manager working the queue reaches the dashboard from it."""
+        context = super().each_context(request)
+        pages = _operations_pages(request)
+        if pages and "available_apps" in context:
+            operations = {
+                "name": "Operations",
+                "app_label": "operations",
+                "app_url": pages[0]["admin_url"],
+                "has_module_perms": True,
+                "models": pages,
+            }
+            context["available_apps"] = [operations, *context["available_apps"]]
+        return context
+
+
+def _operations_pages(request: HttpRequest) -> list[dict[str, Any]]:
+    user = request.user
+    pages = []
+    if user.has_perm("leads.view_lead"):
+        pages.append({"name": "Routing dashboard", "object_name": "dashboard", "admin_url": reverse("admin-dashboard")})
+    if user.has_perm("leads.add_lead"):
+        pages.append({"name": "Import leads (CSV)", "object_name": "import", "admin_url": reverse("admin-lead-import")})
+    return pages
 
 
 class RouterAdminConfig(AdminConfig):

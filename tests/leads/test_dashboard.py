@@ -127,6 +127,17 @@ def test_the_admin_index_links_the_dashboard_and_the_import(admin_client):
     assert 'href="/admin/dashboard/"' in html and 'href="/admin/lead-import/"' in html
 
 
+def test_the_sidebar_links_the_operations_pages_a_user_may_open(client, db):
+    # Only the index linked them: a manager in the queue went back home to reach the dashboard.
+    user = User.objects.create_user("manager", password="pw-12345678", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_lead"))
+    client.force_login(user)
+    sidebar = client.get("/admin/leads/lead/").content.decode().split('id="nav-sidebar"')[1].split("</nav>")[0]
+    assert 'class="app-operations module' in sidebar and 'href="/admin/dashboard/"' in sidebar
+    assert "/admin/lead-import/" not in sidebar  # no permission to import
+    assert 'aria-current="page">Routing dashboard' in client.get("/admin/dashboard/").content.decode()
+
+
 def test_pages_need_their_permissions(client, db):
     user = User.objects.create_user("viewer", password="pw-12345678", is_staff=True)
     client.force_login(user)
