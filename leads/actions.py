@@ -1176,11 +1176,13 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False, because
             # as after an escalation to the queue, or the CRM would go on showing the old owner.
             if new is None:
                 notify.lead_notify_left(lead=lead, group=from_group, reason="queued", attempt=previous.attempt, at=now)
-                notify.lead_notify_moved_away(
-                    lead=lead, rep_id=previous.rep_id, why="it was routed again, to the fallback queue", at=now
-                )
             else:
                 notify.lead_notify_left(lead=lead, group=from_group, reason=new.reason, attempt=new.attempt, at=now)
+        if previous is not None and new_rep is None:
+            # Its rep is told, whichever group held it (none: given by hand while it had none).
+            notify.lead_notify_moved_away(
+                lead=lead, rep_id=previous.rep_id, why="it was routed again, to the fallback queue", at=now
+            )
         audit_record_many(
             events=[
                 Event(AuditEvent.Type.LEAD_REROUTED, actor, lead.id, group.slug if group else "", new_rep, explanation)

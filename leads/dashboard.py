@@ -63,6 +63,7 @@ class RepRow:
     rep_active: bool = True  # else the rep takes no leads anywhere (`active` False: paused here, or this)
     paused_reason: str = ""  # why paused in this group ("auto-paused after 3 SLA misses"...)
     member: bool = True  # False: given leads in the period, not a member now (removed, or by hand)
+    removed: bool = False  # not a member now, and was one (its removal is in the audit trail)
 
     @property
     def median_accept(self) -> str:
@@ -125,7 +126,8 @@ def breach_q(now: datetime) -> Q:
 
 def dashboard_view(*, since: datetime, until: datetime, group_slug: str | None = None) -> list[GroupPanel]:
     now = timezone.now()
-    groups = sorted(Group.objects.all(), key=lambda g: natural_key(g.slug))
+    # As the picker lists them: by name, numbers in order ("Group 2" before "Group 10").
+    groups = sorted(Group.objects.all(), key=lambda g: (natural_key(g.name), natural_key(g.slug)))
     if group_slug:
         groups = [g for g in groups if g.slug == group_slug]
     panels = {g.id: GroupPanel(g.id, g.slug, g.name, g.strategy, g.sla_minutes, g.active) for g in groups}
@@ -213,6 +215,7 @@ def _former_members(rows: list[tuple[GroupPanel, RepRow]]) -> None:
             weights[(slug, rep_id)] = weight  # the latest removal last
     for panel, row in rows:
         row.name = names.get(row.rep_id, f"rep {row.rep_id} (deleted)")
+        row.removed = (panel.slug, row.rep_id) in weights
         row.weight = weights.get((panel.slug, row.rep_id), 1)
 
 

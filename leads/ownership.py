@@ -1,6 +1,7 @@
 """Account ownership (sticky routing): a lead whose email domain belongs to an account owned
 by an active rep goes to that rep, skipping the rotation. A domain belongs to the account of
-its own name, else of the nearest domain it is under (`eu.acme.com` to `acme.com`).
+its own name, else of the nearest domain it is under (`eu.acme.com` to `acme.com`), down to the
+registered one (never `co.uk`).
 
 The account is looked up before the lock (by domain); whether its owner may take the lead is
 decided after the lock, from the member facts routing reads there. The owner takes the lead
@@ -17,11 +18,13 @@ owner's open leads and today's count like any assignment.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
+from publicsuffixlist import PublicSuffixList
 
 from rotation.domains import domain_unicode
 from rotation.eligibility import MemberFacts, eligibility
@@ -46,10 +49,21 @@ def email_domain(email: str) -> str:
 
 def account_domains(domain: str) -> list[str]:
     """The account domains an email domain belongs to, the most specific first: itself and
-    the domains it is under, down to two labels (`eu.mail.acme.com`: itself, `mail.acme.com`,
-    `acme.com`): a contact writing from a company's subdomain is the company's."""
+    the domains it is under, down to the one registered (`eu.mail.acme.co.uk`: itself,
+    `mail.acme.co.uk`, `acme.co.uk`, never `co.uk`, by the public suffix list): a contact
+    writing from a company's subdomain is the company's, and an account named for a public
+    suffix takes only its own address."""
+    if not domain:
+        return []
+    registered = _public_suffixes().privatesuffix(domain)
     labels = domain.split(".")
-    return [".".join(labels[i:]) for i in range(max(len(labels) - 1, 1))] if domain else []
+    down_to = len(labels) - len(registered.split(".")) if registered else 0
+    return [".".join(labels[i:]) for i in range(down_to + 1)]
+
+
+@functools.cache
+def _public_suffixes() -> PublicSuffixList:
+    return PublicSuffixList()  # the list the package ships (no download)
 
 
 def account_owner_lookup(*, email: str) -> OwnerHint | None:

@@ -186,7 +186,7 @@ def _norm(value: Any) -> Any:
 _NUMBER_TEXT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 
 
-def _as_typed(text: str, like: Any) -> Any:
+def as_typed(text: str, like: Any) -> Any:
     """Text read as the rule's (or the lead's) type when it spells one: `"25"` as 25 beside a
     number, `"true"` as True beside a boolean; else the text itself. An attribute from a CSV
     import is always text, the same attribute posted as JSON is typed: both must match alike."""
@@ -207,9 +207,9 @@ def _as_typed(text: str, like: Any) -> Any:
 def _typed_equal(have: Any, want: Any) -> bool:
     """Text against a number or a boolean, read as that type (`_norm` compared them already)."""
     if isinstance(have, str) and not isinstance(want, str):
-        return _norm(_as_typed(have, want)) == _norm(want)
+        return _norm(as_typed(have, want)) == _norm(want)
     if isinstance(want, str) and not isinstance(have, str):
-        return _norm(have) == _norm(_as_typed(want, have))
+        return _norm(have) == _norm(as_typed(want, have))
     return False
 
 
@@ -255,7 +255,7 @@ def condition_holds(cond: Mapping[str, Any], facts: Mapping[str, Any]) -> bool:
             return False
         # An attribute sent as text ("12") is read as `equals` reads it: a number spelled in
         # digits, not whatever Python's float() takes ("inf", "1_000", "1e400").
-        number = _as_typed(have, want) if isinstance(have, str) else have
+        number = as_typed(have, want) if isinstance(have, str) else have
         if not _is_number(number):
             return False
         return number >= want if op == "gte" else number <= want

@@ -979,3 +979,77 @@ def test_the_report_counts_one_row_and_one_duplicate_in_the_singular():
     assert one.startswith("1 row: ") and "1 duplicate," in one
     many = ImportReport(import_id="import-x", rows=7, duplicates=2).summary()
     assert many.startswith("7 rows: ") and "2 duplicates," in many
+
+
+@pytest.mark.parametrize(
+    ("encoding", "names"),
+    [
+        ("cp1251", ["ООО «ВЕКТОР»", "КИЇВ", "Иван"]),  # some of its lines pair up as UTF-8 by chance
+        ("cp1252", ["CAFÉ™", "«\u00a0CHEZ ANDRÉ\u00a0»", "René"]),
+    ],
+)
+def test_an_8_bit_file_whose_lines_read_as_utf8_by_chance_is_still_refused_whole(
+    make_group, tmp_path: Path, encoding, names
+):
+    make_group(1, slug="emea")
+    rows = "".join(f"{i},n{i}@customer.example,{name},emea\r\n" for i, name in enumerate(names))
+    path = tmp_path / "legacy.csv"
+    path.write_bytes(f"external_id,email,company,group\r\n{rows}".encode(encoding))
+    with pytest.raises(CommandError, match="not UTF-8 text"):
+        call_command("import_leads", str(path), "--no-progress")
+    assert not Lead.objects.exists()
+    call_command("import_leads", str(path), "--no-progress", "--encoding", encoding, stdout=io.StringIO())
+    assert sorted(Lead.objects.values_list("company", flat=True)) == sorted(names)
+
+
+def test_a_utf8_file_with_its_byte_order_mark_and_a_damaged_row_imports_the_rest(make_group, tmp_path: Path):
+    # Each encoding's refusal pointed at the other: UTF-8 refused it as Windows-1252, and
+    # Windows-1252 as UTF-8 (its byte order mark).
+    make_group(1, slug="emea")
+    path = tmp_path / "bom.csv"
+    path.write_bytes(
+        b"\xef\xbb\xbfemail,first_name,group\na@customer.example,Ann,emea\nb@customer.example,Ren\xe9,emea\n"
+    )
+    err = io.StringIO()
+    call_command("import_leads", str(path), "--no-progress", stdout=io.StringIO(), stderr=err)
+    assert "line 3: row: Not UTF-8 text" in err.getvalue()
+    assert list(Lead.objects.values_list("first_name", flat=True)) == ["Ann"]
+
+
+def test_encoding_names_read_as_people_write_them(make_group, tmp_path: Path):
+    from leads.bulk import encoding_codec, encoding_label
+
+    assert encoding_codec("utf-8-sig") == "utf-8" and encoding_label("mac_roman") == "Mac Roman"
+    make_group(1, slug="emea")
+    path = tmp_path / "mac.csv"
+    path.write_bytes(b"email,first_name,group\na@customer.example,x\xff,emea\n")  # 0xFF is a caron in Mac Roman
+    call_command("import_leads", str(path), "--no-progress", "--encoding", "mac_roman", stdout=io.StringIO())
+    assert Lead.objects.get().first_name == "xˇ"
+
+
+def test_a_stray_quote_closed_by_a_later_one_refuses_its_row_alone(make_group):
+    # The cell ran on to the next quote without a CSV error: the rows between went in as one
+    # row refused for its cell count, lost and uncounted.
+    make_group(1, slug="emea")
+    rows = good_rows(10, prefix="n")
+    rows[2] = 'n-2,n2@customer.example,"Jane,Acme,FR,10,emea,spring'
+    rows[7] = 'n-7,n7@customer.example,Jane,TV 5",FR,10,emea,spring'
+    report = run(csv_of(*rows))
+    assert (report.rows, report.imported, report.invalid) == (10, 9, 1), report.errors
+    [error] = report.errors
+    assert error.line == 4 and "runs on over lines 4-9" in str(error)
+    assert "Lines 5-9 are read again as rows of their own" in str(error)
+    imported = set(Lead.objects.values_list("external_id", flat=True))
+    assert imported == {f"n-{i}" for i in range(10)} - {"n-2"}
+    assert Lead.objects.get(external_id="n-7").company == 'TV 5"'  # a quote inside a cell is text
+
+
+def test_an_attribute_posted_as_a_number_or_a_boolean_is_the_same_as_its_text_in_a_cell(make_group, post_lead):
+    make_group(1, slug="emea")
+    post_lead(external_id="api-1", group="emea", attributes={"seats": 25, "vip": True, "plan": "Gold"})
+    header = "external_id,email,group,attributes.seats,attributes.vip,attributes.plan\n"
+    same = run(csv_of("api-1,x@customer.example,emea,25,true,Gold", header=header))
+    assert [c.fields for c in same.changes] == [["email"]]
+    lead = Lead.objects.get(external_id="api-1")
+    changed = run(csv_of(f"api-1,{lead.email},emea,26,false,gold", header=header))
+    assert [c.fields for c in changed.changes] == [["attributes.seats", "attributes.vip", "attributes.plan"]]

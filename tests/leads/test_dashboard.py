@@ -507,6 +507,15 @@ def test_a_member_removed_since_keeps_its_turns_its_fair_share_and_its_row(admin
     assert f"<td>{b.name} <small>(not a member now: removed since)</small></td>" in html
 
 
+def test_a_member_removed_after_leads_given_by_hand_is_said_removed(admin_client, make_group, post_lead, api):
+    group, (a, b) = make_group(2, slug="emea")
+    lead_id = post_lead(group="emea").json()["id"]  # a's turn
+    actions.lead_reassign(lead_id=lead_id, rep_id=b.pk, reason="covering", actor="test")  # b's, by hand
+    assert api.delete(f"/api/v1/groups/emea/members/{b.pk}/").status_code == 204
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert f"<td>{b.name} <small>(not a member now: removed since)</small></td>" in html, html
+
+
 def test_a_group_without_rotation_turns_in_the_period_says_so_rather_than_draw_zeros(admin_client, make_group):
     make_group(3, slug="emea")
     html = admin_client.get("/admin/dashboard/?group=emea").content.decode()

@@ -186,3 +186,11 @@ def test_a_subdomain_belongs_to_the_nearest_account_it_is_under(api, make_group)
         )
     )
     assert owners == {"u@mail.acme.example": b.id, "t@a.eu.acme.example": c.id}
+
+
+def test_an_account_never_takes_a_whole_public_suffix(api, make_group):
+    group, (a, b, c) = make_group(3, slug="pool")
+    Account.objects.create(domain="co.uk", owner=c)  # a slip: it takes its own address only
+    Account.objects.create(domain="acme.co.uk", owner=b)
+    assert post(api, "x@mail.acme.co.uk")["owner"]["id"] == b.id
+    assert post(api, "y@other.co.uk")["owner"]["id"] == a.id

@@ -1539,3 +1539,17 @@ def test_accepting_and_closing_a_lead_tell_the_groups_webhooks_and_email_nobody(
         body = json.loads(services.webhook_body(deliveries[0]))
         assert body["event"] == message.event and body["lead"]["owner"]["id"] == rep.id
         assert body["sequence"] > OutboxMessage.objects.get(event="lead.assigned").id
+
+
+def test_a_lead_of_no_group_given_by_hand_then_rerouted_to_the_queue_tells_its_rep(post_lead, make_group):
+    from leads import actions
+    from tests.factories import RepFactory
+
+    rep = RepFactory()
+    lead_id = post_lead().json()["id"]  # no rule, no group named, no default group: queued
+    actions.lead_reassign(lead_id=lead_id, rep_id=rep.pk, reason="covering", actor="test")
+    group, _ = make_group(1, slug="catchall", is_default=True)
+    group.memberships.update(active=False)
+    assert actions.lead_reroute(lead_id=lead_id, actor="test").status == "queued"
+    [told] = _sent_emails("lead.moved_away")
+    assert told.to == [rep.email] and "routed again, to the fallback queue" in told.body
