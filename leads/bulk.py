@@ -505,6 +505,21 @@ def leads_import_steps(
         local = ImportReport(import_id=report.import_id)  # collects this batch's bad rows
         line = reader.line_num
         again = 0  # lines read twice: the reader counts them twice
+
+        def refused(start: int, end: int, problem: str) -> None:
+            """The row of lines start-end is refused; when it ran on over several (a quote not
+            closed where its cell ends), the lines after its first are read again as rows of
+            their own, not lost with it."""
+            nonlocal again
+            if end > start:
+                again += source.read_again()
+                lines_after = f"Line {end} is" if end == start + 1 else f"Lines {start + 1}-{end} are"
+                problem += f" {lines_after} read again as rows of their own."
+            parsed.read += 1
+            local.invalid += 1
+            if len(local.errors) < MAX_ERRORS_KEPT:
+                local.errors.append(RowError(start, {"row": [problem]}))
+
         while True:
             source.row.clear()
             try:
@@ -512,39 +527,23 @@ def leads_import_steps(
             except StopIteration:
                 break
             except csv.Error as exc:
-                # Malformed CSV: that row is reported and the reader goes on at the next line,
-                # also when the row ran on over several (a quote never closed): those lines are
-                # read again as rows of their own, not lost with it.
+                # Malformed CSV (a quote never closed, a cell past the limit, text after a
+                # closing quote): that row is reported and the reader goes on at the next line.
                 start, end = line + 1, reader.line_num - again
-                problem = _csv_problem(exc, start, end)
-                if end > start:
-                    again += source.read_again()
-                    lines_after = f"Line {end} is" if end == start + 1 else f"Lines {start + 1}-{end} are"
-                    problem += f" {lines_after} read again as rows of their own."
-                line = start
-                parsed.read += 1
-                local.invalid += 1
-                if len(local.errors) < MAX_ERRORS_KEPT:
-                    local.errors.append(RowError(start, {"row": [problem]}))
+                refused(start, end, _csv_problem(exc, start, end))
+                line = start  # the lines after it, if any, are read again
                 continue
             # A quoted cell may span lines: report the first.
             start, line = line + 1, reader.line_num - again
             if line > start and _cells_wrong(cells, columns):
-                # A quote not closed where its cell ends, closed by another further on ("Jane,
-                # ... TV 5",FR): the cell ran on over the lines between. The row is refused
-                # alone and those lines read again as rows of their own, not lost with it.
-                again += source.read_again()
-                lines_after = f"Line {line} is" if line == start + 1 else f"Lines {start + 1}-{line} are"
+                # A quote closed by another further on ("Jane, ... TV 5",FR): no CSV error, but
+                # the cell ran on over the lines between.
                 problem = (
                     f"{len(cells)} cells for {len(columns)} columns in a row that runs on over lines {start}-{line}: "
-                    f'a quoted cell is not closed where it ends (a " inside an unquoted cell?). {lines_after} '
-                    "read again as rows of their own."
+                    'a quoted cell is not closed where it ends (a " inside an unquoted cell?).'
                 )
+                refused(start, line, problem)
                 line = start
-                parsed.read += 1
-                local.invalid += 1
-                if len(local.errors) < MAX_ERRORS_KEPT:
-                    local.errors.append(RowError(start, {"row": [problem]}))
                 continue
             if not any(c.strip() for c in cells):
                 continue
