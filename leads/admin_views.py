@@ -24,7 +24,6 @@ from .bulk import (
     ImportFormatError,
     ImportReport,
     csv_text,
-    encoding_label,
     encoding_problem,
     leads_import_steps,
     scan_in,
@@ -182,9 +181,8 @@ def _encoding_refused(scanned: FileScan, encoding: str) -> str:
         return ""
     if problem.instead == "utf-8":
         return f"{problem.message} Choose UTF-8 under Encoding."
-    if problem.instead:
-        choice = encoding_label(problem.instead)
-        return f'{problem.message} Choose {choice} (or its own encoding) under Encoding, or save it as "CSV UTF-8".'
+    if problem.choices:
+        return f'{problem.message} Choose the one that reads right under Encoding, or save it as "CSV UTF-8".'
     return problem.message
 
 

@@ -376,18 +376,26 @@ def scan(path: str) -> FileScan:
 @dataclass(frozen=True)
 class EncodingProblem:
     message: str
-    instead: str | None  # the encoding to read the file in, if one will do ("cp1252", "utf-8")
+    instead: str | None  # the encoding to read the file in, when one will do ("utf-8")
+    choices: tuple[str, ...] = ()  # else those to choose from, the one that reads right
+
+
+# The 8-bit encodings a file that is not UTF-8 is offered in, each with how its first such
+# cell reads there: which one it is, the reader tells at a glance ("Иван" or "Èâàí").
+_EIGHT_BIT = ("cp1252", "cp1250", "cp1251", "mac_roman")
 
 
 def encoding_problem(scan: FileScan, codec: str) -> EncodingProblem | None:
     """Why the file cannot be read in `codec`, found before anything is written; None when it
-    can. The caller says how to choose `instead` (an option, a field).
+    can. The caller says how to choose `instead` or among `choices` (an option, a field).
 
     Read as UTF-8, a file with more lines that are not UTF-8 than lines of UTF-8 past ASCII is
-    in an 8-bit encoding (Excel's "CSV (Comma delimited)" writes Windows-1252; some of its
-    lines may read as UTF-8 by chance, "CAFÉ™" does): imported, its plain-ASCII rows would go in
-    and most rows with an accent be refused. A UTF-8 file damaged in places (mostly valid UTF-8,
-    or beginning with UTF-8's byte order mark) is imported, its damaged rows refused by line.
+    in an 8-bit encoding (Excel's "CSV (Comma delimited)" writes Windows-1252 in Western
+    Europe, -1250 in Central Europe, -1251 in Cyrillic; some of its lines may read as UTF-8 by
+    chance, "CAFÉ™" does): imported, its plain-ASCII rows would go in and most rows with an
+    accent be refused. Which 8-bit encoding it is, its bytes do not say: the message shows its
+    first such cell as each reads it. A UTF-8 file damaged in places (mostly valid UTF-8, or
+    beginning with UTF-8's byte order mark) is imported, its damaged rows refused by line.
     Read in another encoding, a file that is UTF-8 text past ASCII would import its accents as
     two or three wrong characters each ("RenÃ©"): it is refused, saying so."""
     if scan.bom == "utf-16":
@@ -397,13 +405,14 @@ def encoding_problem(scan: FileScan, codec: str) -> EncodingProblem | None:
             return None
         others = scan.not_utf8_lines - 1
         more = f" (and {others} other line{'s' if others != 1 else ''})" if others else ""
-        shown = scan.sample.decode("cp1252", "replace").strip()
-        message = (
-            f"The file is not UTF-8 text: line {scan.not_utf8_line}{more} holds bytes that are not UTF-8 "
-            f'("{shown}" if read as Windows-1252, the encoding of Excel\'s "CSV (Comma delimited)" in '
-            "Western Europe and the Americas; Central Europe's is Windows-1250, Cyrillic's Windows-1251)."
+        readings = ", ".join(
+            f'"{scan.sample.decode(c, "replace").strip()}" as {encoding_label(c)} ({c})' for c in _EIGHT_BIT
         )
-        return EncodingProblem(message, "cp1252")
+        message = (
+            f"The file is not UTF-8 text: line {scan.not_utf8_line}{more} holds bytes that are not UTF-8 (Excel's "
+            f'"CSV (Comma delimited)" writes its region\'s 8-bit encoding). Its first such cell reads {readings}.'
+        )
+        return EncodingProblem(message, None, _EIGHT_BIT)
     if scan.bom == "utf-8":
         return EncodingProblem("The file is UTF-8 text: it begins with UTF-8's byte order mark.", "utf-8")
     if scan.not_utf8_line is None and scan.utf8_line is not None:
@@ -484,15 +493,24 @@ def leads_import_steps(
     reader = csv.reader(source, strict=True)
     header: list[str] = []
     start = 1
+    uncounted = 0  # lines before the header that the reader in use did not read
     try:
         while not any(cell.strip() for cell in header):  # blank lines above the header
             start = reader.line_num + 1
+            source.row.clear()
+            header = next(reader)
+        if (delimiter := _delimiter_of(header)) != ",":
+            # Excel in France or Germany writes its locale's list separator (`;`) in "CSV"
+            # files, and a "Text (Tab delimited)" file tabs: the header row is read again with it.
+            uncounted = start - 1
+            source.read_again(first=True)
+            reader = csv.reader(source, strict=True, delimiter=delimiter)
             header = next(reader)
     except StopIteration:
         raise ImportFormatError("The file is empty: it needs a header row naming the columns.") from None
     except csv.Error as exc:
         # A header the csv module cannot read (a stray quote) stops the file as any bad header.
-        raise ImportFormatError(f"Bad header: {_csv_problem(exc, start, reader.line_num)}") from None
+        raise ImportFormatError(f"Bad header: {_csv_problem(exc, start, reader.line_num + uncounted)}") from None
     label = encoding_label(encoding)
     columns = _check_header(header, label)
     groups = {g.slug: g for g in Group.objects.all()}
@@ -503,8 +521,8 @@ def leads_import_steps(
         """Parsing and validation, batch by batch; no database, no shared state."""
         parsed = _Parsed([], 0, 0, [])
         local = ImportReport(import_id=report.import_id)  # collects this batch's bad rows
-        line = reader.line_num
-        again = 0  # lines read twice: the reader counts them twice
+        line = reader.line_num + uncounted
+        again = -uncounted  # lines read twice (the reader counts them twice), less those it did not read
 
         def refused(start: int, end: int, problem: str) -> None:
             """The row of lines start-end is refused; when it ran on over several (a quote not
@@ -597,12 +615,13 @@ class _LinesReadAgain:
         self.row.append(line)
         return line
 
-    def read_again(self) -> int:
-        """Puts back the lines of the row read but its first; returns how many."""
-        self._again.extend(reversed(self.row[1:]))
-        count = len(self.row) - 1
-        self.row.clear()
-        return count
+    def read_again(self, first: bool = False) -> int:
+        """Puts back the lines of the row read but its first (all of them: `first`); returns
+        how many."""
+        lines = self.row if first else self.row[1:]
+        self._again.extend(reversed(lines))
+        self.row = []
+        return len(lines)
 
 
 def _csv_problem(exc: csv.Error, start: int, end: int) -> str:
@@ -738,6 +757,16 @@ def _column_name(cell: str) -> str:
     if name.lower().startswith(ATTRIBUTE_PREFIX):
         return ATTRIBUTE_PREFIX + name[len(ATTRIBUTE_PREFIX) :]
     return name.lower()
+
+
+def _delimiter_of(header: list[str]) -> str:
+    """The delimiter the header row is written with: a comma, unless read with commas it is
+    one column whose `;` or tabs separate names, `email` among them."""
+    if len(header) == 1:
+        for separator in (";", "\t"):
+            if "email" in (_column_name(name) for name in header[0].split(separator)):
+                return separator
+    return ","
 
 
 def _check_header(header: list[str], encoding: str = "UTF-8") -> list[str]:

@@ -255,7 +255,8 @@ def test_upload_reads_cr_endings_and_a_windows_1252_file_once_its_encoding_is_ch
     refused = upload()
     assert refused.status_code == 200 and not Lead.objects.exists()
     html = html_of(refused)
-    assert "line 3 holds bytes that are not UTF-8" in html and "Choose Windows-1252" in html
+    assert "line 3 holds bytes that are not UTF-8" in html and "Choose the one that reads right" in html
+    assert "&quot;René&quot; as Windows-1252 (cp1252)" in html
     response = upload(encoding="cp1252")
     assert response.status_code == 200
     assert "2 rows: 2 imported" in html_of(response)

@@ -104,10 +104,10 @@ class Command(BaseCommand):
         if refused := encoding_problem(scanned, encoding):
             if refused.instead == "utf-8":
                 raise CommandError(f"{refused.message} Leave out --encoding.")
-            if refused.instead:
+            if refused.choices:
                 raise CommandError(
-                    f"{refused.message} Import it with --encoding {refused.instead} (or its own encoding), "
-                    'or save it as "CSV UTF-8".'
+                    f"{refused.message} Import it with --encoding set to the one that reads right "
+                    f'({", ".join(refused.choices)}, or its own), or save it as "CSV UTF-8".'
                 )
             raise CommandError(refused.message)
         total = scanned.rows
