@@ -123,6 +123,10 @@ class MembershipForm(EditedFieldsForm):
         if self.auto_position:
             # A distinct placeholder for validation; the service allocates the real one under the lock.
             cleaned["position"] = next(_PLACEHOLDER_POSITIONS)
+        reason = (cleaned.get("paused_reason") or "").strip()
+        if reason and cleaned.get("active", True):
+            self.add_error("paused_reason", "Only a paused member has a reason: untick Active.")
+        cleaned["paused_reason"] = reason
         return cleaned
 
 
@@ -157,7 +161,6 @@ class MembershipInline(CheckedAutocompleteMixin, admin.TabularInline):
     formset = MembershipFormSet
     extra = 0
     fields = ("rep", "position", "weight", "active", "max_open", "max_per_day", "paused_reason")
-    readonly_fields = ("paused_reason",)
     autocomplete_fields = ("rep",)
     ordering = ("position",)
 

@@ -124,6 +124,16 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
     weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     max_open = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
     max_per_day = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
+    paused_reason = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text=(
+            'Why the member is paused (`active` false: "parental leave"), as the rotation view, '
+            "simulate and the dashboard say it; an auto-pause writes its own. Cleared when the "
+            "member is active again."
+        ),
+    )
 
     class Meta:
         model = Membership
@@ -138,7 +148,7 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
             "paused_reason",
             "joined_at",
         ]
-        read_only_fields = ["paused_reason", "joined_at"]
+        read_only_fields = ["joined_at"]
 
     def get_fields(self) -> dict[str, Any]:
         fields = super().get_fields()
@@ -169,6 +179,13 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
         return position
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        active = attrs.get("active", self.instance.active if self.instance is not None else True)
+        if attrs.get("paused_reason", "").strip() and active:
+            raise serializers.ValidationError(
+                {"paused_reason": ['Only a paused member has a reason: give it with "active": false.']}
+            )
+        if "paused_reason" in attrs:
+            attrs["paused_reason"] = attrs["paused_reason"].strip()
         if "position" in attrs and attrs["position"] is None:
             del attrs["position"]  # left out or null: appended
             if self.instance is not None:

@@ -263,6 +263,31 @@ def test_sales_ops_create_a_group_with_members_and_it_is_audited(staff):
     assert last.rep_id == a.pk and last.explanation["changes"] == {"active": False}
 
 
+def test_a_member_paused_in_the_inline_may_say_why(staff):
+    a = RepFactory()
+    data = group_form()
+    data.update(inline_management("memberships", 1, 0))
+    data.update({"memberships-0-rep": a.pk, "memberships-0-weight": "1", "memberships-0-active": "on"})
+    assert staff.post("/admin/rotation/group/add/", data).status_code == 302
+    group = Group.objects.get(slug="admin-made")
+    member = Membership.objects.get(group=group)
+    row = {
+        "memberships-0-id": member.pk,
+        "memberships-0-group": group.pk,
+        "memberships-0-rep": a.pk,
+        "memberships-0-position": "0",
+        "memberships-0-weight": "1",
+        "memberships-0-paused_reason": "parental leave",
+    }
+    data = {**group_form(), **inline_management("memberships", 1, 1), **row, "memberships-0-active": "on"}
+    refused = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert refused.status_code == 200 and "Only a paused member has a reason" in refused.content.decode()
+    data.pop("memberships-0-active")  # unticked: paused
+    assert staff.post(f"/admin/rotation/group/{group.pk}/change/", data).status_code == 302
+    member.refresh_from_db()
+    assert (member.active, member.paused_reason) == (False, "parental leave")
+
+
 def test_leads_cannot_be_added_or_deleted_in_the_admin(staff, api, make_group):
     make_group(1, slug="emea")
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]

@@ -621,3 +621,29 @@ def test_a_rules_conditions_read_back_in_the_order_they_were_saved(api, make_gro
     listed = api.get("/api/v1/rules/").json()["results"][0]
     for answer in (created.json(), read.json(), listed):
         assert [list(c) for c in answer["conditions"]] == [["field", "op", "value"]], answer
+
+
+def test_a_member_paused_by_hand_may_say_why_and_the_reason_goes_with_the_pause(api, admin_client, make_group):
+    # Only an auto-pause said why: "parental leave" had nowhere to go, and the dashboard and
+    # the rotation view said "paused" for every hand pause alike.
+    group, (a, b) = make_group(2, slug="emea")
+    url = f"/api/v1/groups/emea/members/{b.pk}/"
+    refused = api.patch(url, {"paused_reason": "parental leave"}, format="json")
+    assert refused.status_code == 400 and "paused_reason" in refused.json()
+    paused = api.patch(url, {"active": False, "paused_reason": " parental leave "}, format="json")
+    assert paused.status_code == 200 and paused.json()["paused_reason"] == "parental leave"
+    rotation = api.get("/api/v1/groups/emea/rotation/").json()
+    [member] = [m for m in rotation["members"] if m["rep"]["id"] == b.pk]
+    assert member["reason"] == "paused in this group (parental leave)"
+    event = AuditEvent.objects.filter(type="membership.changed", rep_id=b.pk).latest("id")
+    assert event.explanation["changes"] == {"active": False, "paused_reason": "parental leave"}
+    html = admin_client.get("/admin/dashboard/?group=emea").content.decode()
+    assert f"<td>{b.name} <small>(paused in this group: parental leave)</small></td>" in html
+    back = api.patch(url, {"active": True}, format="json")
+    assert back.status_code == 200 and back.json()["paused_reason"] == ""
+    added = api.post(
+        "/api/v1/groups/emea/members/",
+        {"rep": RepFactory().pk, "active": False, "paused_reason": "training"},
+        format="json",
+    )
+    assert added.status_code == 201 and added.json()["paused_reason"] == "training"
