@@ -470,6 +470,32 @@ def leads_import(
             request_id_var.reset(token)
 
 
+class _InterruptsHeld:
+    """Set from the last statement of a batch's transaction until its caller has counted the
+    batch (`leads_import_steps` resumes after its `yield`): a Ctrl-C or TERM that comes then
+    waits for the count. Raised between the commit and the count, it made an interrupted
+    import report one batch fewer than was in."""
+
+    held = False
+    pending: BaseException | None = None
+
+
+def interrupt(exc: BaseException) -> None:
+    """For a signal handler (the command's, for Ctrl-C and TERM): raises `exc` now, or, while a
+    batch is committed and counted, once it is counted."""
+    if _InterruptsHeld.held:
+        _InterruptsHeld.pending = exc
+        return
+    raise exc
+
+
+def _interrupts_released() -> None:
+    _InterruptsHeld.held = False
+    pending, _InterruptsHeld.pending = _InterruptsHeld.pending, None
+    if pending is not None:
+        raise pending
+
+
 def new_import_id() -> str:
     return f"import-{uuid.uuid4().hex[:12]}"
 
@@ -587,7 +613,10 @@ def leads_import_steps(
         report.errors.extend(parsed.errors[: max(MAX_ERRORS_KEPT - len(report.errors), 0)])
         if parsed.rows:
             _route_batch(parsed.rows, groups=groups, actor=actor, report=report, notify_reps=notify_reps)
-        yield parsed.read
+        try:
+            yield parsed.read  # the caller counts it (a progress bar, an interrupted import's message)
+        finally:
+            _interrupts_released()
     return report
 
 
@@ -918,7 +947,9 @@ def _route_batch(
         try:
             with transaction.atomic():
                 _route_batch_locked(rows, groups=groups, actor=actor, report=counts, notify_reps=notify_reps)
+                _InterruptsHeld.held = True  # the commit, then the count (`leads_import_steps`)
         except Exception as exc:
+            _interrupts_released()  # the batch failed: an interrupt meanwhile is raised now
             if (routing.is_retryable(exc) or routing.is_lock_timeout(exc)) and attempt + 1 < attempts:
                 logger.warning("import batch retried after %s", routing.sqlstate(exc) or type(exc).__name__)
                 time.sleep(0.05 * (attempt + 1))

@@ -1065,3 +1065,29 @@ def test_an_attribute_posted_as_a_number_or_a_boolean_is_the_same_as_its_text_in
     lead = Lead.objects.get(external_id="api-1")
     changed = run(csv_of(f"api-1,{lead.email},emea,26,false,gold", header=header))
     assert [c.fields for c in changed.changes] == [["attributes.seats", "attributes.vip", "attributes.plan"]]
+
+
+def test_an_interrupt_between_a_batchs_commit_and_its_count_waits_for_the_count(
+    make_group, tmp_path: Path, monkeypatch
+):
+    # A TERM or Ctrl-C landing right after a batch committed, before it was counted, made the
+    # message say one batch fewer than was in.
+    from leads import bulk
+    from leads.management.commands import import_leads
+
+    make_group(1, slug="emea")
+    path = tmp_path / "leads.csv"
+    path.write_text(HEADER + "\n".join(good_rows(6)) + "\n")
+    original, batches = bulk._route_batch, []
+
+    def committed_then_terminated(*args, **kwargs):
+        original(*args, **kwargs)
+        batches.append(1)
+        if len(batches) == 2:
+            bulk.interrupt(import_leads.Terminated())  # as the command's TERM handler does
+
+    monkeypatch.setattr(bulk, "_route_batch", committed_then_terminated)
+    with pytest.raises(CommandError, match="the first 4 rows are imported") as caught:
+        call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2")
+    assert caught.value.returncode == 143 and Lead.objects.count() == 4
+    assert not bulk._InterruptsHeld.held and bulk._InterruptsHeld.pending is None

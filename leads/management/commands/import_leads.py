@@ -15,6 +15,7 @@ from leads.bulk import (
     csv_text,
     encoding_codec,
     encoding_problem,
+    interrupt,
     leads_import,
     new_import_id,
     scan,
@@ -27,7 +28,11 @@ class Terminated(KeyboardInterrupt):
 
 
 def _terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+    interrupt(Terminated())  # now, or once the batch committing is counted
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    interrupt(KeyboardInterrupt())
 
 
 class Command(BaseCommand):
@@ -72,11 +77,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if threading.current_thread() is not threading.main_thread():
             return self._import(**options)  # signals reach the main thread only
-        previous = signal.signal(signal.SIGTERM, _terminated)
+        previous = signal.signal(signal.SIGTERM, _terminated), signal.signal(signal.SIGINT, _interrupted)
         try:
             return self._import(**options)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
 
     def _import(self, **options: Any) -> None:
         path: Path = options["file"]
