@@ -70,10 +70,9 @@ def lead_moved_away_message(*, lead: Lead, rep_id: int, why: str, at: datetime) 
     accepted by its due time, it went to another rep"...), so that nobody works a lead someone
     else now owns. No group: no webhook (the group's webhooks hear of the move by the lead's
     own message). Unsaved, for the caller's transaction."""
-    values = {f: getattr(lead, f) for f in (*PAYLOAD_FIELDS, *TIME_FIELDS, "attributes", "queue_reason")}
-    slug = lead.group.slug if lead.group_id is not None and lead.group is not None else None
-    payload = lead_payload_values(values, slug, why=why)
-    return outbox_message(event=MOVED_AWAY, lead_id=lead.id, group_id=None, rep_id=rep_id, payload=payload, at=at)
+    return outbox_message(
+        event=MOVED_AWAY, lead_id=lead.id, group_id=None, rep_id=rep_id, payload=lead_payload(lead, why=why), at=at
+    )
 
 
 def lead_notify_moved_away(*, lead: Lead, rep_id: int, why: str, at: datetime) -> None:
