@@ -12,7 +12,7 @@ from leads.models import Lead
 from rotation.models import Rep
 from routing_project.api import ascii_email
 
-from .serializers import AttributesField, LeadInSerializer, LeadSerializer, StrictSerializer
+from .serializers import AttributesField, LeadInSerializer, LeadSerializer, OptionalTextField, StrictSerializer
 
 
 def _existing_rep(value: int) -> int:
@@ -65,10 +65,10 @@ class LeadPatchSerializer(StrictSerializer):
     is a 400."""
 
     email = serializers.EmailField(max_length=254, required=False)
-    first_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    last_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    company = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    phone = serializers.CharField(max_length=40, required=False, allow_blank=True)
+    first_name = OptionalTextField(max_length=100)
+    last_name = OptionalTextField(max_length=100)
+    company = OptionalTextField(max_length=200)
+    phone = OptionalTextField(max_length=40)
     # Intake's own fields (fresh copies: a field is bound to one serializer).
     country, region, source, product, score, company_size = (  # type: ignore[assignment]
         copy.deepcopy(LeadInSerializer._declared_fields[name])

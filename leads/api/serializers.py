@@ -22,15 +22,36 @@ class StrictSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
     """A serializer that rejects unknown top-level fields."""
 
 
+class OptionalTextField(serializers.CharField):
+    """An optional text field that takes `null` as empty: a form service or a client's
+    serializer sends a field left empty as null as often as it sends "" or nothing."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(required=False, allow_blank=True, allow_null=True, **kwargs)
+
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if data is None:
+            return True, ""
+        return super().validate_empty_values(data)
+
+
 @extend_schema_field(
     {
         "type": "object",
         "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]},
         "maxProperties": MAX_ATTRIBUTES,
+        "nullable": True,
     }
 )
 class AttributesField(serializers.Field):
+    """A flat object of strings, numbers and booleans; `null` is taken as none (`{}`)."""
+
     default_error_messages = {"invalid": "Must be a flat object of strings, numbers and booleans."}
+
+    def validate_empty_values(self, data: Any) -> tuple[bool, Any]:
+        if data is None:
+            return True, {}
+        return super().validate_empty_values(data)
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -60,21 +81,24 @@ class AttributesField(serializers.Field):
 
 
 class LeadInSerializer(StrictSerializer):
+    """A lead as posted. Every field but `email` is optional, and `null` is taken as not
+    given (text as "", the rest as none)."""
+
     email = serializers.EmailField(max_length=254)
-    first_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    last_name = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    company = serializers.CharField(max_length=200, required=False, allow_blank=True)
-    phone = serializers.CharField(max_length=40, required=False, allow_blank=True)
-    country = serializers.CharField(
-        max_length=2, required=False, allow_blank=True, help_text="ISO 3166-1 alpha-2 code."
-    )
-    region = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    source = serializers.CharField(max_length=100, required=False, allow_blank=True)  # type: ignore[assignment]
-    product = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    first_name = OptionalTextField(max_length=100)
+    last_name = OptionalTextField(max_length=100)
+    company = OptionalTextField(max_length=200)
+    phone = OptionalTextField(max_length=40)
+    country = OptionalTextField(max_length=2, help_text="ISO 3166-1 alpha-2 code.")
+    region = OptionalTextField(max_length=100)
+    source = OptionalTextField(max_length=100)  # type: ignore[assignment]
+    product = OptionalTextField(max_length=100)
     score = serializers.IntegerField(min_value=0, max_value=100, required=False, allow_null=True)
     company_size = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False, allow_null=True)
-    group = serializers.SlugField(max_length=64, required=False, help_text="Used when no rule matches.")
-    external_id = serializers.CharField(max_length=255, required=False, allow_blank=True)
+    group = serializers.SlugField(
+        max_length=64, required=False, allow_null=True, help_text="Used when no rule matches."
+    )
+    external_id = OptionalTextField(max_length=255)
     attributes = AttributesField(required=False)
 
     def get_fields(self) -> dict[str, serializers.Field]:
@@ -94,7 +118,9 @@ class LeadInSerializer(StrictSerializer):
             raise serializers.ValidationError(f"'{value}' is not an ISO 3166-1 alpha-2 country code.")
         return code
 
-    def validate_group(self, value: str) -> Group:
+    def validate_group(self, value: str | None) -> Group | None:
+        if value is None:
+            return None
         group = group_by_slug(value)
         if group is None:
             raise serializers.ValidationError(f"No group with slug '{value}'.")

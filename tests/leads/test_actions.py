@@ -412,6 +412,27 @@ def test_patch_of_the_routing_facts_never_moves_the_lead_until_a_reroute(api, ma
     assert rerouted.explanation["rule"] == "US"
 
 
+def test_patch_with_null_clears_an_optional_field(api, make_group):
+    """A merge patch's null: the field is emptied (text to "", attributes to {}); the
+    email, which every lead has, cannot be."""
+    make_group(1, slug="emea")
+    lead = post(api, group="emea", first_name="Jane", company="Acme", score=40, attributes={"plan": "pro"})
+    body = {"company": None, "score": None, "attributes": None}
+    r = api.patch(f"/api/v1/leads/{lead['id']}/", body, format="json")
+    assert r.status_code == 200, r.content
+    changed = r.json()
+    assert (changed["first_name"], changed["company"], changed["score"], changed["attributes"]) == (
+        "Jane",
+        "",
+        None,
+        {},
+    )
+    stored = Lead.objects.get(pk=lead["id"])
+    assert (stored.company, stored.score, stored.attributes) == ("", None, {})
+    r = api.patch(f"/api/v1/leads/{lead['id']}/", {"email": None}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"email"}
+
+
 def test_patch_as_a_json_merge_patch(api, make_group):
     make_group(1, slug="emea")
     lead = post(api, group="emea", first_name="Jane")

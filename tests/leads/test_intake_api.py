@@ -166,6 +166,35 @@ def test_bad_input_is_a_400_naming_every_bad_field(api, body, fields):
     assert counts() == before
 
 
+def test_null_is_taken_as_a_field_not_given(api, make_group):
+    """A form service or a client's serializer sends a field left empty as null: every
+    optional field takes it as not given (text as "", the group as none, attributes as {});
+    only the one required field, email, refuses it."""
+    make_group(1, slug="catch-all", is_default=True)
+    optional = ("first_name", "last_name", "company", "phone", "country", "region", "source", "product")
+    body = {
+        "email": "jane@acme.example",
+        **dict.fromkeys(optional),
+        "score": None,
+        "company_size": None,
+        "group": None,
+        "external_id": None,
+        "attributes": None,
+    }
+    r = api.post("/api/v1/leads/", body, format="json")
+    assert r.status_code == 201, r.content
+    lead = r.json()
+    assert lead["status"] == "assigned" and lead["group"] == "catch-all"
+    assert all(lead[name] == "" for name in optional) and lead["external_id"] == ""
+    assert (lead["score"], lead["company_size"], lead["attributes"]) == (None, None, {})
+    simulated = api.post("/api/v1/routing/simulate/", {**body, "email": "john@acme.example"}, format="json")
+    assert simulated.status_code == 200 and simulated.json()["group"] == "catch-all"
+    before = counts()
+    r = api.post("/api/v1/leads/", {"email": None, "company": None}, format="json")
+    assert r.status_code == 400 and set(r.json()) == {"email"}
+    assert counts() == before
+
+
 @pytest.mark.parametrize("payload", [b"[]", b"42", b'"text"', b"null", b"{bad json", b"\xff\xfe"])
 def test_malformed_json_is_a_400(api, payload):
     r = api.post("/api/v1/leads/", payload, content_type="application/json")
