@@ -82,9 +82,7 @@ class LeadPatchSerializer(StrictSerializer):
     validate_country = LeadInSerializer.validate_country
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if not attrs:
-            editable = ", ".join(self.fields)
-            raise serializers.ValidationError({"non_field_errors": [f"Name at least one field to edit: {editable}."]})
+        # `{}` is a merge patch that changes nothing: the lead as it is, as for every resource.
         for name, value in attrs.items():
             if isinstance(value, str) and "\x00" in value:
                 raise serializers.ValidationError({name: ["NUL characters are not allowed."]})
