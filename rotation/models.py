@@ -1,3 +1,4 @@
+import re
 from datetime import UTC
 from decimal import Decimal
 from zoneinfo import available_timezones
@@ -22,6 +23,24 @@ def validate_timezone(value: str) -> None:
         raise ValidationError(f"'{value}' is not a known IANA time zone.")
 
 
+# Control characters (line breaks, tabs, escapes) and the invisible characters that reorder or
+# hide text (bidirectional overrides and isolates, the zero-width space): a name sales ops read
+# in the admin, the audit trail and e-mails is one line of what it says. The marks a name's
+# script needs stay: left-to-right and right-to-left marks (U+200E, U+200F), and the zero-width
+# non-joiner and joiner of Persian words and emoji (U+200C, U+200D).
+_NOT_IN_A_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def validate_one_line(value: str) -> None:
+    """A name or a short reason: one line, with no hidden characters."""
+    found = _NOT_IN_A_NAME.search(value)
+    if found:
+        raise ValidationError(
+            f"Control characters, line breaks and invisible characters that reorder or hide text are not allowed "
+            f"(U+{ord(found.group()):04X} at character {found.start() + 1})."
+        )
+
+
 # `localtime` sits beside the zones on many systems (a link to the machine's own clock): no
 # IANA name, and a group or rep on it would follow whichever server reads it.
 _TIMEZONES = frozenset(available_timezones()) - {"localtime"}
@@ -37,7 +56,7 @@ class Group(models.Model):
     """A rotation pool: a territory, a product line or a source."""
 
     slug = models.SlugField(max_length=64, unique=True)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, validators=[validate_one_line])
     strategy = models.CharField(max_length=20, choices=Strategy.choices, default=Strategy.ROUND_ROBIN)
     sla_minutes = models.DecimalField(
         "SLA minutes",
@@ -121,7 +140,7 @@ def group_slug_taken_in_another_case(slug: str) -> str | None:
 
 
 class Rep(models.Model):
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, validators=[validate_one_line])
     email = models.EmailField(max_length=254, unique=True)
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="rep"
@@ -192,7 +211,7 @@ class Membership(models.Model):
         help_text="Cap on assignments per day (group's time zone). Empty: none.",
     )
     consecutive_misses = models.PositiveIntegerField(default=0, editable=False)
-    paused_reason = models.CharField(max_length=200, blank=True, default="")
+    paused_reason = models.CharField(max_length=200, blank=True, default="", validators=[validate_one_line])
     joined_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -236,7 +255,7 @@ class Absence(models.Model):
     rep = models.ForeignKey(Rep, on_delete=models.CASCADE, related_name="absences")
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
-    reason = models.CharField(max_length=200, blank=True, default="")
+    reason = models.CharField(max_length=200, blank=True, default="", validators=[validate_one_line])
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -273,7 +292,7 @@ class Absence(models.Model):
 class RoutingRule(models.Model):
     """Conditions on a lead (all must hold) that send it to a group. Lowest priority first."""
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200, unique=True, validators=[validate_one_line])
     priority = models.PositiveIntegerField(default=100)
     conditions = models.JSONField(default=list)
     group = models.ForeignKey(Group, on_delete=models.PROTECT, related_name="rules")
@@ -300,7 +319,7 @@ class Account(models.Model):
     """A customer account by email domain, owned by a rep (sticky routing)."""
 
     domain = models.CharField(max_length=253, unique=True)
-    name = models.CharField(max_length=200, blank=True, default="")
+    name = models.CharField(max_length=200, blank=True, default="", validators=[validate_one_line])
     owner = models.ForeignKey(Rep, on_delete=models.CASCADE, related_name="accounts")
 
     class Meta:

@@ -7,7 +7,14 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from rotation.eligibility import DAYS, validate_working_hours
-from rotation.models import Group, Membership, Rep, group_slug_taken_in_another_case, rep_email_taken
+from rotation.models import (
+    Group,
+    Membership,
+    Rep,
+    group_slug_taken_in_another_case,
+    rep_email_taken,
+    validate_one_line,
+)
 from rotation.services import MAX_POSITION, given_position_refused
 from routing_project.api import DecimalField, RejectUnknownFieldsMixin, ascii_email
 
@@ -128,6 +135,7 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
         max_length=200,
         required=False,
         allow_blank=True,
+        validators=[validate_one_line],
         help_text=(
             'Why the member is paused (`active` false: "parental leave"), as the rotation view, '
             "simulate and the dashboard say it; an auto-pause writes its own. Cleared when the "

@@ -647,3 +647,63 @@ def test_a_member_paused_by_hand_may_say_why_and_the_reason_goes_with_the_pause(
         format="json",
     )
     assert added.status_code == 201 and added.json()["paused_reason"] == "training"
+
+
+@pytest.mark.parametrize(
+    "bad", ["Ada\u0007", "Ada\nLovelace", "Ada\tL", "\u202eecalevol", "Ada\u2066x\u2069", "A\u200bda"]
+)
+def test_a_name_is_one_line_without_hidden_characters(api, make_group, bad):
+    """A rep's, a group's or a rule's name, a pause's or an absence's reason: what sales ops
+    read in the admin, the trail and e-mails, where a right-to-left override or a line break
+    would show something else than what is stored. Refused over the API as in the admin."""
+    group, (rep,) = make_group(1, slug="emea")
+    refused = [
+        api.post("/api/v1/reps/", {"name": bad, "email": "x@acme.example"}, format="json"),
+        api.patch(f"/api/v1/reps/{rep.id}/", {"name": bad}, format="json"),
+        api.post("/api/v1/groups/", {"slug": "apac", "name": bad}, format="json"),
+        api.post(
+            "/api/v1/rules/",
+            {
+                "name": bad,
+                "priority": 1,
+                "conditions": [{"field": "country", "op": "equals", "value": "FR"}],
+                "group": "emea",
+            },
+            format="json",
+        ),
+    ]
+    for r in refused:
+        assert r.status_code == 400 and "name" in r.json(), r.content
+        assert "Control characters" in r.json()["name"][0]
+    r = api.patch(f"/api/v1/groups/emea/members/{rep.id}/", {"active": False, "paused_reason": bad}, format="json")
+    assert r.status_code == 400 and "paused_reason" in r.json(), r.content
+    r = api.post(
+        f"/api/v1/reps/{rep.id}/absences/",
+        {"starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-02T00:00:00Z", "reason": bad},
+        format="json",
+    )
+    assert r.status_code == 400 and "reason" in r.json(), r.content
+    assert not Group.objects.filter(slug="apac").exists() and Rep.objects.count() == 1
+    assert Rep.objects.get(pk=rep.id).name == rep.name and Membership.objects.get(rep=rep).active
+
+
+def test_the_marks_a_names_script_needs_are_kept(api):
+    """Persian words hold the zero-width non-joiner; a name mixing scripts may hold a
+    right-to-left mark; an emoji family is joined by the zero-width joiner."""
+    for name in (
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+        "Ada \u200f\u05e9\u05dc\u05d5\u05dd",
+        "Team \U0001f468\u200d\U0001f469",
+    ):
+        r = api.post("/api/v1/reps/", {"name": name, "email": f"r{len(name.encode())}@acme.example"}, format="json")
+        assert r.status_code == 201 and r.json()["name"] == name, r.content
+
+
+def test_the_admin_refuses_a_name_with_a_line_break(client, django_user_model, make_group):
+    client.force_login(django_user_model.objects.create_superuser("ops", "ops@example.com", "pw-ops-123"))
+    r = client.post(
+        "/admin/rotation/rep/add/",
+        {"name": "Ada\r\nLovelace", "email": "ada@acme.example", "timezone": "UTC", "active": "on"},
+    )
+    assert r.status_code == 200 and "Control characters" in r.content.decode()
+    assert not Rep.objects.filter(email="ada@acme.example").exists()
