@@ -25,7 +25,17 @@ MAX_CONDITIONS = 20
 COUNTRY_CODES = frozenset(c.alpha_2 for c in pycountry.countries)
 MAX_ATTRIBUTE_KEY = 64
 # A lead's numbers as intake takes them (SPEC: score 0-100; a size is never negative).
-LEAD_NUMBER_RANGES: dict[str, tuple[int, int | None]] = {"score": (0, 100), "company_size": (0, None)}
+MAX_COMPANY_SIZE = 10_000_000
+LEAD_NUMBER_RANGES: dict[str, tuple[int, int | None]] = {"score": (0, 100), "company_size": (0, MAX_COMPANY_SIZE)}
+# What an email domain is written with: letters and their marks (of any script: an IDN),
+# digits, dots and hyphens, and the brackets and colons of an address literal ([192.0.2.1]).
+_DOMAIN_PUNCTUATION = frozenset(".-[]:")
+
+
+def _in_a_domain(char: str) -> bool:
+    return char in _DOMAIN_PUNCTUATION or unicodedata.category(char)[0] in "LMN"
+
+
 # Text fields intake trims (its serializer's CharFields): a rule value with spaces around equals none.
 TRIMMED_FIELDS = frozenset({"region", "source", "product"})
 
@@ -78,7 +88,7 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
             continue
         value = cond.get("value")
         if op == "exists":
-            if "value" in cond and not isinstance(value, bool):
+            if value is not None and not isinstance(value, bool):  # null, as no value: true
                 errors.append(f"{where}: exists takes true or false (or no value).")
                 continue
             value = True if value is None else value
@@ -115,8 +125,8 @@ def validate_conditions(conditions: Any) -> list[dict[str, Any]]:
 def _never_matches(field: str, op: str, value: Any) -> str | None:
     """Why a well-formed condition could still never hold for any lead (or None): a lead's
     empty field is an absent one, its region, source and product are trimmed, its country is an
-    ISO code, its email domain has no @ and is never missing, its score (0-100) and size (0 or
-    more) are numbers, its attribute names are short."""
+    ISO code, its email domain is a domain name and never missing, its score (0-100) and size
+    (0-10,000,000) are numbers, its attribute names are short."""
     if field.startswith("attributes.") and len(field) - len("attributes.") > MAX_ATTRIBUTE_KEY:
         return f"attribute names are at most {MAX_ATTRIBUTE_KEY} characters."
     values = value if op in ("in", "not_in") else [value] if op == "equals" else []
@@ -139,6 +149,10 @@ def _never_matches(field: str, op: str, value: Any) -> str | None:
         bad = [v for v in texts if isinstance(v, str) and "@" in v]
         if bad:
             return f"email_domain is what follows the @ of an address (acme.com), not {bad[0]!r}."
+        for v in texts:
+            odd = next((c for c in v if not _in_a_domain(c)), None) if isinstance(v, str) else None
+            if odd is not None:
+                return f"email_domain is a domain name (acme.com): {v!r} holds {odd!r}, which no domain has."
     if field in NUMERIC_FIELDS:
         if op == "contains":
             return f"contains applies to text; {field} is a number (use gte or lte)."

@@ -11,7 +11,7 @@ from audit.models import AuditEvent
 from leads.models import LEAD_DATA_FIELDS, Lead
 from leads.services import group_by_slug
 from rotation.models import Group
-from rotation.rules import COUNTRY_CODES, MAX_ATTRIBUTE_KEY
+from rotation.rules import COUNTRY_CODES, MAX_ATTRIBUTE_KEY, MAX_COMPANY_SIZE
 from routing_project.api import RejectUnknownFieldsMixin, ascii_email
 
 MAX_ATTRIBUTES = 50
@@ -94,7 +94,7 @@ class LeadInSerializer(StrictSerializer):
     source = OptionalTextField(max_length=100)  # type: ignore[assignment]
     product = OptionalTextField(max_length=100)
     score = serializers.IntegerField(min_value=0, max_value=100, required=False, allow_null=True)
-    company_size = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False, allow_null=True)
+    company_size = serializers.IntegerField(min_value=0, max_value=MAX_COMPANY_SIZE, required=False, allow_null=True)
     group = serializers.SlugField(
         max_length=64, required=False, allow_null=True, help_text="Used when no rule matches."
     )

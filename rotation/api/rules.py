@@ -39,7 +39,7 @@ _VALUES_BY_OPERATOR: list[tuple[list[str], dict[str, Any] | None]] = [
     (["in", "not_in"], {"type": "array", "minItems": 1, "items": _SCALAR}),
     (["contains"], {"type": "string", "minLength": 1}),
     (["gte", "lte"], _NUMBER),
-    (["exists"], None),  # true (the default) or false
+    (["exists"], None),  # true (the default, null too) or false
 ]
 assert sorted(op for ops, _ in _VALUES_BY_OPERATOR for op in ops) == sorted(OPERATORS)
 
@@ -50,7 +50,7 @@ def _condition(ops: list[str], value: dict[str, Any] | None) -> dict[str, Any]:
         "properties": {
             "field": _FIELD,
             "op": {"type": "string", "enum": ops},
-            "value": value if value is not None else {"type": "boolean", "default": True},
+            "value": value if value is not None else {"type": "boolean", "default": True, "nullable": True},
         },
         "required": ["field", "op"] if value is None else ["field", "op", "value"],
         "additionalProperties": False,

@@ -110,8 +110,15 @@ def test_condition_table(field, op, value, holds):
         ([{"field": "score", "op": "gte", "value": 101}], "score is from 0 to 100"),
         ([{"field": "score", "op": "lte", "value": -1}], "score is from 0 to 100"),
         ([{"field": "score", "op": "in", "value": [50, 150]}], "150 would never match"),
-        ([{"field": "company_size", "op": "equals", "value": -5}], "company_size is 0 or more"),
-        ([{"field": "company_size", "op": "lte", "value": -0.5}], "company_size is 0 or more"),
+        ([{"field": "company_size", "op": "equals", "value": -5}], "company_size is from 0 to 10000000"),
+        ([{"field": "company_size", "op": "lte", "value": -0.5}], "company_size is from 0 to 10000000"),
+        # Intake takes a company size up to 10,000,000: a rule for more would never match.
+        ([{"field": "company_size", "op": "gte", "value": 10**9}], "company_size is from 0 to 10000000"),
+        ([{"field": "company_size", "op": "in", "value": [50, 99999999999999999999]}], "would never match"),
+        # An email domain is letters, digits, dots and hyphens: a space or a "!" is in none.
+        ([{"field": "email_domain", "op": "equals", "value": "not a domain!"}], "holds ' ', which no domain has"),
+        ([{"field": "email_domain", "op": "in", "value": ["acme.example", "acme,example"]}], "holds ','"),
+        ([{"field": "email_domain", "op": "contains", "value": "acme/"}], "holds '/'"),
         # PostgreSQL's jsonb cannot store NUL: refused here rather than failing on save.
         ([{"field": "region", "op": "equals", "value": "a\x00b"}], "NUL characters"),
         ([{"field": "region", "op": "in", "value": ["x", "\x00"]}], "NUL characters"),
@@ -142,11 +149,23 @@ def test_validation_names_the_problem(conditions, message):
         {"field": "product", "op": "contains", "value": " pro"},  # a word inside: "Analytics pro"
         {"field": "source", "op": "not_in", "value": ["ads "]},  # holds for every lead, harmless
         {"field": "attributes.plan", "op": "equals", "value": " gold"},  # attributes are kept as sent
-        {"field": "company_size", "op": "gte", "value": 10**9},
+        {"field": "company_size", "op": "gte", "value": 10**7},
+        {"field": "company_size", "op": "not_in", "value": [10**9]},  # out of range: holds, harmless
+        {"field": "email_domain", "op": "equals", "value": "[192.0.2.1]"},  # an address literal
+        {"field": "email_domain", "op": "contains", "value": "xn--bcher-kva"},
     ],
 )
 def test_values_a_lead_can_hold_are_accepted(condition):
     assert validate_conditions([condition])
+
+
+def test_exists_with_null_is_exists_with_no_value():
+    """JSON clients write "no value" as null: exists, true."""
+    assert validate_conditions([{"field": "region", "op": "exists", "value": None}]) == [
+        {"field": "region", "op": "exists", "value": True}
+    ]
+    with pytest.raises(RuleError, match="exists takes true or false"):
+        validate_conditions([{"field": "region", "op": "exists", "value": "yes"}])
 
 
 HUGE = int("9" * 400)  # past what a float holds
