@@ -26,7 +26,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 XDIST = os.environ.get("PYTEST_XDIST_WORKER", "main")
 # How `make run` (scripts/run.sh) and docker-compose.yml start the notify worker's pool
 # (tests/ops/test_compose.py holds both to it).
-NOTIFY_POOL_ARGS = ("--pool", "threads", "--concurrency", "8")
+NOTIFY_POOL_ARGS = ("--pool", "threads", "--concurrency", "8", "--prefetch-multiplier", "8")
 
 
 def broker_purge() -> None:

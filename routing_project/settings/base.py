@@ -328,7 +328,14 @@ CELERY_BEAT_SCHEDULE: dict = {}
 # worker processes of their own (scripts/run.sh, docker-compose.yml): a receiver that hangs
 # must not hold back SLA timers and queue drains, which the `celery` queue carries.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_TASK_ROUTES = {"notifications.*": {"queue": "notify"}}
+# Notifications run in their own worker (threads: a slow receiver holds a thread, not the
+# routing worker). Their sweep and purge do no delivery, only database work: in the routing
+# worker, so that the safety net still runs while the notify queue is backed up behind a burst.
+CELERY_TASK_ROUTES = {
+    "notifications.outbox_sweep": {"queue": "celery"},
+    "notifications.purge": {"queue": "celery"},
+    "notifications.*": {"queue": "notify"},
+}
 # Redis down must never block intake: publishing gives up fast and the sweep catches up.
 CELERY_BROKER_CONNECTION_TIMEOUT = 1.0
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

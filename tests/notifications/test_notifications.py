@@ -764,6 +764,8 @@ def test_deliveries_have_a_queue_of_their_own_apart_from_sla_timers():
 
     assert {queue(n) for n in ("notifications.delivery_send", "notifications.outbox_drain")} == {"notify"}
     assert {queue(n) for n in ("leads.tasks.escalate_assignment", "leads.tasks.drain_group")} == {"celery"}
+    # The safety net and the purge only touch the database: never stuck behind deliveries.
+    assert {queue(n) for n in ("notifications.outbox_sweep", "notifications.purge")} == {"celery"}
 
 
 def test_sweeps_piled_up_while_the_notify_worker_was_away_are_dropped(settings):

@@ -2,8 +2,10 @@
 the assignment, the worker fans it out and delivers, retrying a failed webhook with backoff."""
 
 import json
+import time
 
 import pytest
+from django.utils import timezone
 
 from notifications.models import Delivery, OutboxMessage, WebhookEndpoint
 from tests.celery_worker import NOTIFY_POOL_ARGS, celery_worker_factory, wait_for  # noqa: F401 - the fixture
@@ -63,6 +65,30 @@ def test_a_receiver_slow_to_answer_does_not_hold_back_the_reps_emails(api, make_
     receiver.answering.set()
     webhooks_sent = lambda: Delivery.objects.filter(channel="webhook", status="sent").count() == 3  # noqa: E731
     assert wait_for(webhooks_sent, timeout=30), worker.log()
+
+
+def test_the_outbox_sweep_runs_while_the_notify_queue_is_backed_up(api, make_group, celery_worker_factory):  # noqa: F811
+    """The sweep fans out messages whose drain never ran. It runs in the routing worker: with
+    the notify worker busy (here: none at all), it still runs, instead of waiting in the
+    notify queue behind the very backlog it is there to rescue."""
+    from routing_project.celery import app
+
+    worker = celery_worker_factory(beat=False, queues="celery", env={"NOTIFY_SWEEP_GRACE_S": "0.1"})
+    worker.start()
+    make_group(1, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    message = OutboxMessage.objects.get(lead_id=lead_id)
+    assert message.dispatched_at is None  # its drain waits in the notify queue, which no one reads
+    # The sweep leaves messages younger than its grace to their drain: let this one pass it.
+    time.sleep(max(0.0, 0.3 - (timezone.now() - message.created_at).total_seconds()))
+    app.send_task("notifications.outbox_sweep")
+
+    def fanned_out() -> bool:
+        message.refresh_from_db()
+        return message.dispatched_at is not None
+
+    assert wait_for(fanned_out, timeout=30), worker.log()
+    assert Delivery.objects.filter(message=message, channel="email", status="pending").exists()
 
 
 def test_the_worker_logs_json_records_with_no_contact_data(api, make_group, celery_worker_factory):  # noqa: F811
