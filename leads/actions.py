@@ -31,7 +31,7 @@ from audit.models import AuditEvent
 from audit.services import Event, audit_record_bulk, audit_record_many
 from notifications.models import OutboxMessage
 from notifications.services import outbox_announce_many_on_commit
-from rotation.eligibility import AWAY_UNTIL, MemberFacts, eligibility, working_hours_starts
+from rotation.eligibility import MemberFacts, eligibility, reasons_counted, working_hours_starts
 from rotation.models import Absence, Group, Membership, Rep, RotationState
 from routing_project import metrics
 from routing_project.bulkdb import objects_create, objects_update
@@ -1153,13 +1153,7 @@ def lead_reroute(*, lead_id: int, actor: str, only_queued: bool = False, because
                     explanation["current_weights_after"] = explanation["current_weights_before"]
             elif decision.rep_id is None:
                 _end(previous, now, "rerouted")
-                _queue(
-                    lead,
-                    decision.queue_reason
-                    or (
-                        f"no eligible rep in group '{group.slug}'" if facts else f"group '{group.slug}' has no members"
-                    ),
-                )
+                _queue(lead, routing.queue_reason(group, decision))
             else:
                 reason = decision.reason if decision.reason == ownership.OWNER_MATCH else Assignment.Reason.REROUTE
                 _end(previous, now, "rerouted")
@@ -1454,7 +1448,7 @@ def _drain_one(state: RotationState, cursor: list[int], actor: str, because: str
         # The leads that queued while the group had no members, or was inactive, say what
         # holds them now (a member joined paused or away, the group is active again), for the
         # manager working the queue.
-        now_reason = f"no eligible rep in group '{group.slug}'" if facts else f"group '{group.slug}' has no members"
+        now_reason = routing.queue_reason(group, decision)
         stale = {f"group '{group.slug}' has no members", f"group '{group.slug}' is inactive"} - {now_reason}
         Lead.objects.filter(status=LeadStatus.QUEUED, group_id=group_id, queue_reason__in=stale).update(
             queue_reason=now_reason
@@ -1497,8 +1491,7 @@ def _none_left(group: Group, candidates: Iterable[Mapping[str, Any]]) -> str:
     others = [c["reason"] for c in candidates if c["reason"] != "already had this lead"]
     if not others:
         return f"every rep in '{group.slug}' has had this lead"
-    kinds = sorted({"out of office" if r.startswith(AWAY_UNTIL) else r.split(" (", 1)[0] for r in others})
-    return f"no eligible rep in '{group.slug}' who has not had this lead (the others: {', '.join(kinds)})"
+    return f"no eligible rep in '{group.slug}' who has not had this lead (the others: {reasons_counted(others)})"
 
 
 def _requeue_reason(lead: Lead, group: Group) -> None:

@@ -1341,9 +1341,7 @@ def _route_one(
             )
             explanation.update(decision.explanation())
             if decision.rep_id is None:
-                values["queue_reason"] = decision.queue_reason or (
-                    f"no eligible rep in group '{group.slug}'" if turn.facts else f"group '{group.slug}' has no members"
-                )
+                values["queue_reason"] = routing.queue_reason(group, decision)
             else:
                 due = routing.sla_due(group, now)
                 values.update(status=LeadStatus.ASSIGNED, owner_id=decision.rep_id, assigned_at=now, sla_due_at=due)

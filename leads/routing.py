@@ -21,7 +21,7 @@ from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.models import Count, OuterRef, Subquery
 
 from rotation import strategies
-from rotation.eligibility import MemberFacts, eligibility
+from rotation.eligibility import MemberFacts, eligibility, reasons_counted
 from rotation.models import Absence, Group, Membership, RotationState
 from routing_project import metrics
 
@@ -304,6 +304,18 @@ class Decision:
                 else {}
             ),
         }
+
+
+def queue_reason(group: Group, decision: Decision) -> str:
+    """Why a lead `decision` found no rep for waits in the queue: the decision's own reason
+    (its account's owner), or what keeps each member out, counted ("no eligible rep in group
+    'emea' (2 outside working hours, 1 out of office)"), which is what the manager working the
+    queue can act on; "no eligible rep" alone said nothing of it."""
+    if decision.queue_reason:
+        return decision.queue_reason
+    if not decision.candidates:
+        return f"group '{group.slug}' has no members"
+    return f"no eligible rep in group '{group.slug}' ({reasons_counted(c['reason'] for c in decision.candidates)})"
 
 
 def decide(

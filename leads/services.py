@@ -490,9 +490,7 @@ def _route(
             explanation.update(decision.explanation())
             if decision.rep_id is None:
                 lead.status = LeadStatus.QUEUED
-                lead.queue_reason = decision.queue_reason or (
-                    f"no eligible rep in group '{group.slug}'" if facts else f"group '{group.slug}' has no members"
-                )
+                lead.queue_reason = routing.queue_reason(group, decision)
             else:
                 lead.status = LeadStatus.ASSIGNED
                 # The owner as read under the lock: rendering the answer needs no query (other

@@ -15,7 +15,7 @@ from django.utils import timezone
 from rotation.eligibility import eligibility
 from rotation.models import Group, Rep, RotationState
 
-from . import ownership
+from . import ownership, routing
 from .models import DEDUP_STATUSES, Lead
 from .services import lead_resolve_group, normalize_email
 
@@ -81,9 +81,7 @@ def routing_simulate(*, data: dict[str, Any], requested: Group | None) -> dict[s
     if decision.rep_id is not None:
         result["reason"] = decision.reason
     else:
-        result["queue_reason"] = decision.queue_reason or (
-            f"no eligible rep in group '{group.slug}'" if facts else f"group '{group.slug}' has no members"
-        )
+        result["queue_reason"] = routing.queue_reason(group, decision)
     if "owner_match" in decision.notes:
         result["owner_skipped"] = decision.notes["owner_match"]["owner_skipped"]
     return result

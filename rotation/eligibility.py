@@ -1,7 +1,8 @@
 """Is a member eligible right now, and if not, why: a pure function over plain data."""
 
 import re
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -138,6 +139,14 @@ def reason_in_words(reason: str, tz: str) -> str:
         # up to 9999-12-31, in a zone east of UTC): said in UTC, as the API holds it.
         back, tz = back.astimezone(UTC), "UTC"
     return f"{AWAY_UNTIL}{back:%Y-%m-%d %H:%M} ({tz})"
+
+
+def reasons_counted(reasons: Iterable[str]) -> str:
+    """What keeps members out, each kind once with how many members it keeps out, the most
+    first: "2 outside working hours, 1 out of office". What a manager can act on, in one line;
+    the particulars (whose cap, back when) are in the decision's candidates."""
+    kinds = Counter("out of office" if r.startswith(AWAY_UNTIL) else r.split(" (", 1)[0] for r in reasons)
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def eligibility(m: MemberFacts, now: datetime) -> tuple[bool, str]:

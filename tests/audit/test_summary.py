@@ -62,7 +62,7 @@ def test_an_escalation_into_the_queue_reads_as_queued_not_as_given_to_nobody(api
     assert "nobody" not in text and "Given to" not in text, text
     assert f"SLA of {reps[0].name} (#{reps[0].id}) missed (attempt 1" in text, text
     # What keeps out the rep who did not have it, not only that none was left (read as "all tried").
-    reason = "SLA missed; no eligible rep in 'emea' who has not had this lead (the others: at max_open cap)"
+    reason = "SLA missed; no eligible rep in 'emea' who has not had this lead (the others: 1 at max_open cap)"
     assert f"Sent to the fallback queue: {reason}" in text, text
     assert Lead.objects.get(pk=lead["id"]).queue_reason == reason
     assert "no rule matched" not in text and "group from" not in text, text

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from leads.models import Assignment, IdempotencyRecord, Lead
-from rotation.models import Membership, RotationState
+from rotation.models import Absence, Membership, RotationState
 from tests.conftest import lead_body
 
 pytestmark = pytest.mark.django_db
@@ -97,6 +97,27 @@ def test_no_eligible_rep_queues_with_reason(api, make_group):
     explanation = AuditEvent.objects.get(type="lead.queued").explanation
     assert all(c["reason"] == "paused in this group" for c in explanation["candidates"])
     assert RotationState.objects.get(group=group).pointer == 0
+
+
+def test_a_queued_leads_reason_counts_what_keeps_each_member_out(api, make_group):
+    """ "No eligible rep" alone sent the manager working the queue to read each lead's
+    candidates to learn whether to unpause someone, raise a cap or wait for the morning."""
+    group, reps = make_group(4, slug="emea")
+    Membership.objects.filter(group=group, rep__in=reps[:2]).update(active=False, paused_reason="training")
+    Membership.objects.filter(group=group, rep=reps[2]).update(max_open=0)
+    now = timezone.now()
+    Absence.objects.create(rep=reps[3], starts_at=now - timedelta(hours=1), ends_at=now + timedelta(days=2))
+    body = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    reason = "no eligible rep in group 'emea' (2 paused in this group, 1 at max_open cap, 1 out of office)"
+    assert (body["status"], body["queue_reason"]) == ("queued", reason)
+    # The particulars stay in the explanation: whose cap, why paused, back when.
+    explanation = AuditEvent.objects.get(type="lead.queued", lead_id=body["id"]).explanation
+    by_rep = {c["rep"]: c["reason"] for c in explanation["candidates"]}
+    assert by_rep[reps[0].id] == "paused in this group (training)"
+    assert by_rep[reps[2].id] == "at max_open cap (0/0)"
+    assert by_rep[reps[3].id].startswith("out of office until ")
+    simulated = api.post("/api/v1/routing/simulate/", lead_body(group="emea"), format="json").json()
+    assert simulated["queue_reason"] == reason
 
 
 def test_inactive_group_queues_never_errors(api, make_group):

@@ -833,7 +833,10 @@ def test_a_queued_leads_no_members_reason_gives_way_once_a_paused_member_joins(
     with django_capture_on_commit_callbacks(execute=True):  # the drain the join asks for
         services.membership_add(group=group, rep=RepFactory(), actor="test", active=False)
     stored = Lead.objects.get(pk=lead["id"])
-    assert (stored.status, stored.queue_reason) == ("queued", "no eligible rep in group 'emea'")
+    assert (stored.status, stored.queue_reason) == (
+        "queued",
+        "no eligible rep in group 'emea' (1 paused in this group)",
+    )
 
 
 @pytest.mark.django_db
@@ -850,9 +853,10 @@ def test_a_queued_leads_inactive_group_reason_gives_way_once_the_group_is_active
     with django_capture_on_commit_callbacks(execute=True):  # the drain the change asks for
         assert api.patch("/api/v1/groups/emea/", {"active": True}, format="json").status_code == 200
     stored = Lead.objects.get(pk=lead["id"])
-    assert (stored.status, stored.queue_reason) == ("queued", "no eligible rep in group 'emea'")
+    reason = "no eligible rep in group 'emea' (1 paused in this group)"
+    assert (stored.status, stored.queue_reason) == ("queued", reason)
     queue = api.get("/api/v1/queue/").json()["results"]
-    assert [(q["id"], q["queue_reason"]) for q in queue] == [(lead["id"], "no eligible rep in group 'emea'")]
+    assert [(q["id"], q["queue_reason"]) for q in queue] == [(lead["id"], reason)]
 
 
 @pytest.mark.django_db(transaction=True)
