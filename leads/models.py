@@ -105,7 +105,9 @@ class Lead(models.Model):
     owner = models.ForeignKey(
         Rep, null=True, blank=True, on_delete=models.PROTECT, related_name="leads", db_index=False
     )
-    queue_reason = models.CharField(max_length=300, blank=True, default="")
+    # Composed by routing from slugs, reasons and counts (a pause's reason inside an account
+    # owner's): text, so that no composition can outgrow a column and fail an intake.
+    queue_reason = models.TextField(blank=True, default="")
     outcome = models.CharField(max_length=20, choices=Outcome.choices, blank=True, default="")
     escalations = models.PositiveIntegerField(default=0)
     api_client = models.ForeignKey(

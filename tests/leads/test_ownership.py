@@ -76,6 +76,20 @@ def test_group_may_keep_the_lead_for_the_owner(api, make_group):
     assert decision_event(body["id"]).explanation["owner_match"]["owner"] == b.id
 
 
+def test_a_lead_kept_for_an_owner_paused_at_length_is_queued_with_the_whole_reason(api, make_group):
+    """A long slug and a pause's reason of 200 characters made a queue reason past 300: the
+    column refused it and intake answered 500."""
+    slug = "p" * 64
+    group, (a, b) = make_group(2, slug=slug, owner_match_fallback_to_rotation=False)
+    Account.objects.create(domain="acme.example", owner=b)
+    Membership.objects.filter(rep=b).update(active=False, paused_reason="r" * 200)
+    r = api.post("/api/v1/leads/", {"email": "jane@acme.example", "group": slug}, format="json")
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["status"] == "queued" and len(body["queue_reason"]) > 300
+    assert f"paused in this group ({'r' * 200})" in body["queue_reason"]
+
+
 def test_owner_outside_the_group_does_not_take_it(api, make_group):
     group, (a,) = make_group(1, slug="pool")
     outsider = RepFactory()
