@@ -1445,14 +1445,23 @@ def _drain_one(state: RotationState, cursor: list[int], actor: str, because: str
             # Only reps who already had this lead are free, or it waits for its account's
             # owner: later leads may still go.
             return "skipped"
-        # The leads that queued while the group had no members, or was inactive, say what
-        # holds them now (a member joined paused or away, the group is active again), for the
-        # manager working the queue.
+        # The leads waiting for a rep of this group say what holds them now, for the manager
+        # working the queue: those queued while it had no members or was inactive (a member
+        # joined paused or away, the group is active again), and those whose count of what
+        # keeps members out was read before (queued overnight "outside working hours", the
+        # caps filled since). Such a reason speaks of the group, not of the lead.
         now_reason = routing.queue_reason(group, decision)
-        stale = {f"group '{group.slug}' has no members", f"group '{group.slug}' is inactive"} - {now_reason}
-        Lead.objects.filter(status=LeadStatus.QUEUED, group_id=group_id, queue_reason__in=stale).update(
+        slug = group.slug
+        stale = Q(
+            queue_reason__in=[
+                f"group '{slug}' has no members",
+                f"group '{slug}' is inactive",
+                f"no eligible rep in group '{slug}'",
+            ]
+        ) | Q(queue_reason__startswith=f"no eligible rep in group '{slug}' (")
+        Lead.objects.filter(status=LeadStatus.QUEUED, group_id=group_id).filter(stale).exclude(
             queue_reason=now_reason
-        )
+        ).update(queue_reason=now_reason)
         return "no_rep"
     queued_reason = lead.queue_reason
     new = _assign(lead, rep_id=decision.rep_id, group=group, reason=decision.reason, now=now)

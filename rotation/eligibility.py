@@ -146,6 +146,8 @@ def reasons_counted(reasons: Iterable[str]) -> str:
     first: "2 outside working hours, 1 out of office". What a manager can act on, in one line;
     the particulars (whose cap, back when) are in the decision's candidates."""
     kinds = Counter("out of office" if r.startswith(AWAY_UNTIL) else r.split(" (", 1)[0] for r in reasons)
+    if kinds.get("rep inactive", 0) > 1:
+        kinds["reps inactive"] = kinds.pop("rep inactive")
     return ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

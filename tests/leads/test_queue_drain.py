@@ -822,6 +822,30 @@ def test_a_queued_lead_stepped_over_after_max_attempts_is_raised_says_why_it_sti
 
 
 @pytest.mark.django_db
+def test_a_queued_leads_count_of_what_keeps_members_out_follows_the_group(
+    api, make_group, django_capture_on_commit_callbacks
+):
+    """The count is read when the lead queues; a drain that still finds nobody says what holds
+    the leads now (here: the rep away is back but paused), and leaves a manager's reason be."""
+    group, (capped, away) = make_group(2, slug="emea")
+    Membership.objects.filter(group=group, rep=capped).update(max_open=0)
+    now = timezone.now()
+    absence = Absence.objects.create(rep=away, starts_at=now - timedelta(hours=1), ends_at=now + timedelta(days=1))
+    first, parked = post(api, group="emea"), post(api, group="emea")
+    assert Lead.objects.get(pk=first["id"]).queue_reason == (
+        "no eligible rep in group 'emea' (1 at max_open cap, 1 out of office)"
+    )
+    Lead.objects.filter(pk=parked["id"]).update(queue_reason="parked by a manager")
+    with django_capture_on_commit_callbacks(execute=True):  # the drains the changes ask for
+        assert api.patch(f"/api/v1/groups/emea/members/{away.id}/", {"active": False}, format="json").status_code == 200
+        assert api.delete(f"/api/v1/reps/{away.id}/absences/{absence.id}/").status_code == 204
+    now_reason = "no eligible rep in group 'emea' (1 at max_open cap, 1 paused in this group)"
+    assert Lead.objects.get(pk=first["id"]).queue_reason == now_reason
+    assert api.get("/api/v1/queue/").json()["results"][0]["queue_reason"] == now_reason
+    assert Lead.objects.get(pk=parked["id"]).queue_reason == "parked by a manager"
+
+
+@pytest.mark.django_db
 def test_a_queued_leads_no_members_reason_gives_way_once_a_paused_member_joins(
     api, make_group, django_capture_on_commit_callbacks
 ):

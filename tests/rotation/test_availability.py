@@ -10,7 +10,14 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from leads.models import Assignment, Lead
 from leads.routing import day_start, week_start
-from rotation.eligibility import DAYS, MemberFacts, eligibility, within_working_hours, working_hours_starts
+from rotation.eligibility import (
+    DAYS,
+    MemberFacts,
+    eligibility,
+    reasons_counted,
+    within_working_hours,
+    working_hours_starts,
+)
 from rotation.models import Absence, Membership, Rep
 from tests.conftest import lead_body
 
@@ -430,3 +437,21 @@ def test_an_absence_ending_before_it_starts_is_named_with_the_other_bad_fields(a
     r = api.post(f"/api/v1/reps/{rep.id}/absences/", {**body, "starts_at": "soon", "reason": ""}, format="json")
     assert r.status_code == 400 and set(r.json()) == {"starts_at"}
     assert not Absence.objects.exists()
+
+
+def test_what_keeps_members_out_is_counted_by_kind_the_most_first():
+    reasons = [
+        "outside working hours",
+        "rep inactive",
+        "at max_open cap (3/3)",
+        "out of office until 2027-01-05T09:30:00+00:00",
+        "outside working hours",
+        "rep inactive",
+        "paused in this group (training)",
+        "out of office until 2027-02-01T00:00:00+00:00",
+        "outside working hours",
+    ]
+    assert reasons_counted(reasons) == (
+        "3 outside working hours, 2 out of office, 2 reps inactive, 1 at max_open cap, 1 paused in this group"
+    )
+    assert reasons_counted(["rep inactive"]) == "1 rep inactive"
