@@ -33,7 +33,12 @@ _DOMAIN_PUNCTUATION = frozenset(".-[]:")
 
 
 def _in_a_domain(char: str) -> bool:
-    return char in _DOMAIN_PUNCTUATION or unicodedata.category(char)[0] in "LMN"
+    """What an email domain intake takes may hold: letters, digits and its punctuation in
+    ASCII; beyond ASCII, anything but spaces and controls (intake reads symbol domains, `i❤.ws`,
+    as IDNA 2003 does)."""
+    if char.isascii():
+        return char.isalnum() or char in _DOMAIN_PUNCTUATION
+    return unicodedata.category(char)[0] not in "ZC"
 
 
 # Text fields intake trims (its serializer's CharFields): a rule value with spaces around equals none.

@@ -569,7 +569,18 @@ def absence_remove(*, absence: Absence, actor: str) -> None:
 
 @transaction.atomic
 def rule_save(*, rule: RoutingRule, actor: str, changed: Iterable[str] | None = None) -> RoutingRule:
-    rule.full_clean()
+    try:
+        rule.full_clean()
+    except ValidationError as exc:
+        # Conditions saved before a check that now refuses them (one no lead can match), left
+        # as they are by this edit: the rule can still be switched off, renamed or moved.
+        stored = None if rule._state.adding else RoutingRule.objects.filter(pk=rule.pk).values("conditions").first()
+        errors = exc.update_error_dict({})
+        if stored is None or stored["conditions"] != rule.conditions or "conditions" not in errors:
+            raise
+        del errors["conditions"]
+        if errors:
+            raise ValidationError(errors) from exc
     change = _change(rule, changed)
     rule.save()
     if not change.fields:

@@ -117,6 +117,8 @@ def test_condition_table(field, op, value, holds):
         ([{"field": "company_size", "op": "in", "value": [50, 99999999999999999999]}], "would never match"),
         # An email domain is letters, digits, dots and hyphens: a space or a "!" is in none.
         ([{"field": "email_domain", "op": "equals", "value": "not a domain!"}], "holds ' ', which no domain has"),
+        ([{"field": "email_domain", "op": "equals", "value": "acme!.com"}], "holds '!', which no domain has"),
+        ([{"field": "email_domain", "op": "equals", "value": "acme\u00a0.com"}], "which no domain has"),
         ([{"field": "email_domain", "op": "in", "value": ["acme.example", "acme,example"]}], "holds ','"),
         ([{"field": "email_domain", "op": "contains", "value": "acme/"}], "holds '/'"),
         # PostgreSQL's jsonb cannot store NUL: refused here rather than failing on save.
@@ -153,6 +155,7 @@ def test_validation_names_the_problem(conditions, message):
         {"field": "company_size", "op": "not_in", "value": [10**9]},  # out of range: holds, harmless
         {"field": "email_domain", "op": "equals", "value": "[192.0.2.1]"},  # an address literal
         {"field": "email_domain", "op": "contains", "value": "xn--bcher-kva"},
+        {"field": "email_domain", "op": "equals", "value": "i\u2764.ws"},  # a symbol domain intake takes
     ],
 )
 def test_values_a_lead_can_hold_are_accepted(condition):
@@ -384,6 +387,24 @@ def test_rule_crud_is_audited(api, make_group):
 
 
 @pytest.mark.django_db
+def test_a_rule_saved_before_a_check_refused_its_conditions_can_still_be_edited(api, make_group):
+    """A rule for a company size over 10,000,000 was taken before intake's limit was its limit:
+    switching it off, its only useful edit, was a 400 on conditions nobody changed."""
+    group, _ = make_group(1, slug="emea")
+    never = [{"field": "company_size", "op": "gte", "value": 10**9}]
+    rule = RoutingRule.objects.create(name="Giants", priority=1, conditions=never, group=group)
+    r = api.patch(f"/api/v1/rules/{rule.id}/", {"active": False, "name": "Giants (off)"}, format="json")
+    assert r.status_code == 200, r.content
+    rule.refresh_from_db()
+    assert (rule.active, rule.name, rule.conditions) == (False, "Giants (off)", never)
+    # Given again, or with another error beside, they are checked as any conditions are.
+    r = api.patch(f"/api/v1/rules/{rule.id}/", {"conditions": never}, format="json")
+    assert r.status_code == 400 and "conditions" in r.json()
+    r = api.patch(f"/api/v1/rules/{rule.id}/", {"priority": -1}, format="json")
+    assert r.status_code == 400 and list(r.json()) == ["priority"]
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("patch", "field", "message"),
     [
@@ -460,6 +481,17 @@ def test_rule_needs_manage_scope_and_unique_name(api, api_with, make_group):
     assert api.post("/api/v1/rules/", RULE, format="json").status_code == 201
     r = api.post("/api/v1/rules/", RULE, format="json")
     assert r.status_code == 400 and "name" in r.json()
+
+
+@pytest.mark.django_db
+def test_a_rule_for_a_symbol_domain_routes_the_leads_intake_takes_from_it(api, make_group):
+    make_group(1, slug="emea")
+    condition = {"field": "email_domain", "op": "equals", "value": "i\u2764.ws"}
+    r = api.post("/api/v1/rules/", {**RULE, "conditions": [condition]}, format="json")
+    assert r.status_code == 201, r.content
+    lead = api.post("/api/v1/leads/", lead_body(email="jo@i\u2764.ws"), format="json")
+    assert lead.status_code == 201, lead.content
+    assert lead.json()["group"] == "emea"
 
 
 @pytest.mark.django_db
