@@ -563,11 +563,13 @@ def deliveries_due(*, older_than_s: float, limit: int = 500) -> list[int]:
     )
 
 
-def purge(*, now: datetime | None = None, batch: int = 5000) -> int:
+def purge(*, now: datetime | None = None, batch: int = 5000, budget_s: float | None = None) -> tuple[int, bool]:
     """Deletes the messages announced more than NOTIFY_RETENTION_DAYS ago whose deliveries are
     all finished (sent or failed), with those deliveries: the outbox and the delivery log keep
     a window, not every lead ever announced. A message with a delivery still pending stays.
-    In batches (short transactions); returns the number of messages deleted."""
+    In batches (short transactions), until none is left or `budget_s` has been spent. Returns
+    the number of messages deleted, and whether none is left."""
+    started = time.monotonic()
     cutoff = (now or timezone.now()) - timedelta(days=settings.NOTIFY_RETENTION_DAYS)
     finished = OutboxMessage.objects.filter(created_at__lt=cutoff, dispatched_at__isnull=False).exclude(
         deliveries__status=Delivery.Status.PENDING
@@ -578,7 +580,9 @@ def purge(*, now: datetime | None = None, batch: int = 5000) -> int:
             Delivery.objects.filter(message_id__in=ids).delete()
             OutboxMessage.objects.filter(id__in=ids).delete()
         deleted += len(ids)
-    return deleted
+        if budget_s is not None and time.monotonic() - started >= budget_s:
+            return deleted, False
+    return deleted, True
 
 
 def sign(secret: str, body: bytes, at: int | None = None, *, previous: Sequence[str] = ()) -> str:
@@ -823,8 +827,10 @@ def email_content(d: Delivery) -> tuple[str, str]:
 
 # Line breaks and other control characters (and Unicode's line and paragraph separators).
 _NOT_ON_ONE_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
-# Invisible characters that reorder or hide text (bidirectional overrides, zero widths).
-_HIDDEN = re.compile(r"[\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+# Invisible characters that reorder or hide text (bidirectional overrides and isolates, the
+# zero-width space). The marks a script needs stay, as in names (rotation.models): the
+# non-joiner of a Persian word, the joiner of an emoji, left-to-right and right-to-left marks.
+_HIDDEN = re.compile(r"[\u200b\u202a-\u202e\u2060-\u2069\ufeff]")
 # What a mail client would make a link of: a scheme's "://", "www.", or a host name (labels
 # and dots, ending in a lower-case top-level name: "acme.io", not "v2.0", "e.g." or the
 # capitalised words of a name, "J.P.Morgan", "Dr.Oetker").

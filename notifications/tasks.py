@@ -54,7 +54,15 @@ def outbox_sweep() -> dict[str, int]:
     return {"dispatched": dispatched, "retried": len(due)}
 
 
+# A purge runs in the routing worker, beside SLA timers: a long one (the first past retention
+# after a large import) goes in turns of this long, queued again behind what came meanwhile.
+PURGE_TURN_S = 10.0
+
+
 @shared_task(name="notifications.purge")
 def purge() -> int:
     """Beat, hourly: drops announced messages and their finished deliveries past retention."""
-    return services.purge()
+    deleted, finished = services.purge(budget_s=PURGE_TURN_S)
+    if not finished:  # another turn, behind the tasks that came meanwhile
+        purge.delay()
+    return deleted

@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from rotation import services
-from rotation.models import Absence, Group, Rep, RoutingRule
+from rotation.models import Absence, Group, Rep, RoutingRule, validate_one_line
 from rotation.rules import LEAD_FIELDS, MAX_ATTRIBUTE_KEY, MAX_CONDITIONS, OPERATORS, RuleError, validate_conditions
 from routing_project.api import CREATED_LOCATION, CreatedLocationMixin, RejectUnknownFieldsMixin
 from routing_project.filters import SlugFilter, StrictFilterSet, TrueFalseFilter
@@ -188,7 +188,7 @@ _IN_REP_ZONE = "An offset (Z, +02:00) gives the instant; without one, the time i
 class AbsenceSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     starts_at = RepLocalDateTimeField(help_text=_IN_REP_ZONE)
     ends_at = RepLocalDateTimeField(help_text=_IN_REP_ZONE)
-    reason = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True, validators=[validate_one_line])
 
     class Meta:
         model = Absence

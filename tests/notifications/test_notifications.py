@@ -171,6 +171,10 @@ def test_what_a_lead_says_cannot_add_lines_or_links_to_the_reps_email(post_lead,
         ("J.P.Morgan, Dr.Oetker", "J.P.Morgan, Dr.Oetker"),  # names, not host names
         ("HTTPS://EVIL.EXAMPLE/x", "HTTPS[:]//EVIL[.]EXAMPLE/x"),
         ("Ac\u202eme\u200b Ltd", "Acme Ltd"),  # a bidirectional override, a zero width: gone
+        (
+            "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 Co",
+            "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 Co",
+        ),  # a Persian non-joiner stays
     ],
 )
 def test_a_value_of_the_leads_reads_as_written_never_as_a_link(post_lead, make_group, written, shown):
@@ -1356,11 +1360,31 @@ def test_announced_messages_past_retention_are_purged_with_their_finished_delive
     long_ago = timezone.now() - timedelta(days=31)
     OutboxMessage.objects.exclude(pk=recent.pk).update(created_at=long_ago)
 
-    assert services.purge(batch=1) == 2
+    assert services.purge(batch=1) == (2, True)
     assert set(OutboxMessage.objects.values_list("id", flat=True)) == {old_pending.id, recent.id, old_undispatched.id}
     assert not Delivery.objects.filter(message_id__in=[old_sent.id, old_failed.id]).exists()
     assert Delivery.objects.filter(message=old_pending).count() == 2
     assert tasks.purge.apply().get() == 0  # the hourly task: nothing more past retention
+
+
+def test_a_long_purge_goes_in_turns_queued_behind_what_came_meanwhile(post_lead, make_group, settings, monkeypatch):
+    """It runs in the routing worker, beside SLA timers: the first purge past retention after
+    a large import held one of its processes for as long as it took."""
+    settings.NOTIFY_RETENTION_DAYS = 30
+    make_group(1, slug="emea")
+    for _ in range(3):
+        post_lead(group="emea")
+    for message in OutboxMessage.objects.all():
+        services.outbox_dispatch(message_id=message.id)
+    Delivery.objects.update(status="sent")
+    OutboxMessage.objects.update(created_at=timezone.now() - timedelta(days=31))
+    assert services.purge(batch=1, budget_s=0) == (1, False)  # a turn spent: stops, some left
+    queued = []
+    monkeypatch.setattr(tasks.purge, "delay", lambda: queued.append("purge"))
+    monkeypatch.setattr(tasks, "PURGE_TURN_S", 0)
+    assert tasks.purge.apply().get() > 0
+    assert queued == ["purge"]
+    assert services.purge() == (0, True)
 
 
 def test_the_readmes_receiver_check_accepts_a_delivery_under_either_secret_during_a_rotation(

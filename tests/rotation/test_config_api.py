@@ -683,6 +683,13 @@ def test_a_name_is_one_line_without_hidden_characters(api, make_group, bad):
         format="json",
     )
     assert r.status_code == 400 and "reason" in r.json(), r.content
+    # Named beside the other problems of the same request, not once they are mended.
+    r = api.post(
+        f"/api/v1/reps/{rep.id}/absences/",
+        {"starts_at": "2030-01-01T00:00:00Z", "ends_at": "soon", "reason": bad},
+        format="json",
+    )
+    assert r.status_code == 400 and {"ends_at", "reason"} <= set(r.json()), r.content
     assert not Group.objects.filter(slug="apac").exists() and Rep.objects.count() == 1
     assert Rep.objects.get(pk=rep.id).name == rep.name and Membership.objects.get(rep=rep).active
 
