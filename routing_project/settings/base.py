@@ -317,7 +317,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # One message at a time per worker process on Redis (late acks: a killed worker loses none).
 # The embedded broker acknowledges only between its polls of the folder, so one at a time
 # there is one task per poll: a burst of intake queued escalations for a minute. It takes
-# many at a time.
+# many at a time. The notify worker's threads take theirs on its command line (8 each, on either
+# broker: scripts/run.sh, docker-compose.yml).
 CELERY_WORKER_PREFETCH_MULTIPLIER = 64 if CELERY_BROKER_URL.startswith("filesystem://") else 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
