@@ -104,6 +104,25 @@ def test_a_weighted_groups_page_says_an_ineligible_members_next_turn_waits_for_i
     assert "<td>the next lead</td>" in first and "<td>lead 2 from now</td>" in second, (first, second)
 
 
+def test_a_weighted_groups_page_shows_each_members_current_weight_as_the_api_does(staff, api, make_group):
+    """SPEC 4's rotation view shows current weights, in the admin as over the API: the page
+    left them out."""
+    group, reps = make_group(3, slug="emea", strategy="weighted")
+    Membership.objects.filter(group=group, rep=reps[0]).update(weight=3)
+    for _ in range(4):
+        api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
+    members = api.get("/api/v1/groups/emea/rotation/").json()["members"]
+    html = staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
+    assert "<th" in html and ">Current weight</th>" in html
+    for m in members:
+        row = html.split(f"<td>{m['rep']['name']}</td>", 1)[1].split("</tr>", 1)[0]
+        assert f"<td>{m['current_weight']}</td>" in row, (m, row)
+    # A round robin has none: no column.
+    make_group(1, slug="apac")
+    html = staff.get(f"/admin/rotation/group/{Group.objects.get(slug='apac').pk}/change/").content.decode()
+    assert "Current weight" not in html
+
+
 def test_group_page_shows_the_week_share_as_it_shows_the_weight_share(staff, api, make_group):
     """Two decimals both: "0.33" of the weights beside "0.67" of the week, not "0.6667"."""
     group, reps = make_group(3, slug="emea")
