@@ -96,6 +96,9 @@ class GroupPanel:
     queue_now: int = 0
     queue_max: int = 0
     queue_points: list[tuple[datetime, int]] = field(default_factory=list)  # (end of each step, depth)
+    # The most waiting at any instant of each step: what the chart draws, so that a queue
+    # that filled and emptied between two points still shows.
+    queue_highs: list[int] = field(default_factory=list)
     queue_since: datetime | None = None  # where the first step begins
 
     @property
@@ -317,28 +320,36 @@ def _queue_depth(panels: dict[str, GroupPanel], since: datetime, until: datetime
             if left is not None and left < until:
                 changes[slug].append((left, -1))
     for slug in panels:
-        counts, peak = queue_levels(changes[slug], ticks)
+        counts, highs, peak = queue_levels(changes[slug], ticks)
         panels[slug].queue_points = list(zip(ticks, counts, strict=True))
+        panels[slug].queue_highs = highs
         panels[slug].queue_since = since
         panels[slug].queue_max = peak
 
 
-def queue_levels(changes: list[tuple[datetime, int]], points: list[datetime]) -> tuple[list[int], int]:
-    """The queue's depth at each point, and its peak at any instant, from its entries (+1) and
-    exits (-1). At a point, every change at or before it counts: a lead that left at that very
-    instant is no longer there. At one instant, leaving comes before entering (the peak is not
-    a lead counted twice as it moves). One sweep in time order: checking each episode against
-    each point was 20,000 queued leads times 48 points, a third of a second a page."""
+def queue_levels(changes: list[tuple[datetime, int]], points: list[datetime]) -> tuple[list[int], list[int], int]:
+    """The queue's depth at each point, the most in it at any instant of each step (the one
+    ending at the point: after the point before, up to it), and its peak at any instant, from
+    its entries (+1) and exits (-1). At a point, every change at or before it counts: a lead
+    that left at that very instant is no longer there. At one instant, leaving comes before
+    entering (the peak is not a lead counted twice as it moves). One sweep in time order:
+    checking each episode against each point was 20,000 queued leads times 48 points, a third
+    of a second a page."""
     counts = [0] * len(points)
-    level = peak = point = 0
+    highs = [0] * len(points)
+    level = peak = point = high = 0  # high: the most in the step in progress
     for at, change in sorted(changes):
         while point < len(points) and points[point] < at:
-            counts[point] = level
+            counts[point], highs[point] = level, high
             point += 1
+            high = level  # the next step starts where this one ended
         level += change
         peak = max(peak, level)
-    counts[point:] = [level] * (len(points) - point)
-    return counts, peak  # every point's count is a level the sweep passed through
+        high = max(high, level)
+    if point < len(points):
+        counts[point], highs[point] = level, high
+        counts[point + 1 :] = highs[point + 1 :] = [level] * (len(points) - point - 1)
+    return counts, highs, peak  # every figure is a level the sweep passed through
 
 
 # --- charts: server-rendered SVG geometry (no JavaScript, no CDN) ----------------------------
@@ -388,14 +399,14 @@ _SCALES = (0.05, 0.1, 0.2, 0.25, 0.5, 1.0)
 
 
 def queue_chart(panel: GroupPanel, *, width: int = 520, height: int = 120) -> dict[str, Any]:
-    """A step line of queue depth over the window."""
+    """A step line of queue depth over the window: each step at the most waiting during it."""
     left, bottom, top = 36, 18, 8
     plot_w, plot_h = width - left - 8, height - bottom - top
     points = panel.queue_points
     peak = max(panel.queue_max, 1)
     n = max(len(points), 1)
     coords = []
-    for i, (_, value) in enumerate(points):
+    for i, value in enumerate(panel.queue_highs):
         x0 = left + plot_w * i / n
         x1 = left + plot_w * (i + 1) / n
         y = top + plot_h * (1 - value / peak)
@@ -412,4 +423,9 @@ def queue_chart(panel: GroupPanel, *, width: int = 520, height: int = 120) -> di
         # The chart's left edge is the period's start (as the page says it), not the first step's end.
         "start": panel.queue_since if points else None,
         "end": points[-1][0] if points else None,
+        "step": (
+            duration_text((points[-1][0] - panel.queue_since).total_seconds() / n)
+            if points and panel.queue_since
+            else ""
+        ),
     }

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from audit.models import AuditEvent
 from leads import actions
-from leads.dashboard import QUEUE_LOOKBACK, dashboard_view, queue_levels
+from leads.dashboard import QUEUE_LOOKBACK, dashboard_view, queue_chart, queue_levels
 from leads.models import Assignment, Lead
 from rotation.models import Membership
 
@@ -285,6 +285,12 @@ def test_a_queued_lead_rerouted_and_queued_again_counts_once_and_a_short_queue_s
         if p.slug == "empty"
     ]
     assert panel.queue_now == 0 and panel.queue_max == 3
+    # The chart draws it: its step holds the three at their most, where the point at its end
+    # reads none (the chart drew a flat zero under "peak 3").
+    assert 3 in panel.queue_highs and all(n == 0 for _, n in panel.queue_points)
+    chart = queue_chart(panel)
+    assert f",{chart['top']:.1f} " in chart["polyline"], chart  # a step at the top: the peak
+    assert chart["step"] == "30 min"
 
 
 def test_a_rep_paused_after_its_leads_keeps_its_fair_share(make_group, post_lead):
@@ -632,7 +638,8 @@ def test_a_picker_lists_the_groups_and_shows_the_one_chosen(admin_client, make_g
 )
 def test_the_queue_levels_of_one_sweep_are_those_of_counting_each_lead_at_each_point(episodes, points):
     """At a point, a lead entered at or before it and not yet left (one that left at that very
-    instant is gone) counts; the peak is the most at any instant, with leaving before entering."""
+    instant is gone) counts; a step's high is the most at any instant after the point before,
+    up to its own; the peak is the most at any instant, with leaving before entering."""
     base = timezone.now()
     at = [base + timedelta(minutes=m) for m in points]
     changes = []
@@ -640,13 +647,15 @@ def test_the_queue_levels_of_one_sweep_are_those_of_counting_each_lead_at_each_p
         changes.append((base + timedelta(minutes=entered), 1))
         if left is not None:
             changes.append((base + timedelta(minutes=left), -1))
-    counts, peak = queue_levels(changes, at)
-    assert counts == [
-        sum(1 for entered, left in episodes if entered <= m and (left is None or left > m)) for m in points
-    ]
+    counts, highs, peak = queue_levels(changes, at)
+
+    def waiting(m):
+        return sum(1 for entered, left in episodes if entered <= m and (left is None or left > m))
+
+    assert counts == [waiting(m) for m in points]
     instants = {e for e, _ in episodes} | {left for _, left in episodes if left is not None}
-    busiest = max(
-        (sum(1 for entered, left in episodes if entered <= m and (left is None or left > m)) for m in instants),
-        default=0,
-    )
-    assert peak == busiest
+    assert peak == max((waiting(m) for m in instants), default=0)
+    for i, m in enumerate(points):
+        before = points[i - 1] if i else None
+        inside = {t for t in instants if t <= m and (before is None or t > before)} | ({before} if i else set())
+        assert highs[i] == max((waiting(t) for t in inside), default=0), (i, highs)
