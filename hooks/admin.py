@@ -67,7 +67,7 @@ class IntakeSourceAdmin(SuperusersOnly, admin.ModelAdmin):
             title=f"Intake source '{obj.slug}' created",
             what="the signing secret",
             items=[(obj.slug, obj._new_secret)],  # type: ignore[attr-defined]
-            stored="what verifying signatures needs, never displayed again",
+            stored="It is kept to verify signatures, and never displayed again",
             lost="rotate it",
             back=reverse("admin:hooks_intakesource_changelist"),
             note=f"The form posts to /api/v1/hooks/{obj.slug}/ with X-Signature: t=<unix seconds>,"
@@ -90,7 +90,7 @@ class IntakeSourceAdmin(SuperusersOnly, admin.ModelAdmin):
             title="Secrets rotated",
             what="the new secret" if len(items) == 1 else "the new secrets",
             items=items,
-            stored="what verifying signatures needs, never displayed again",
+            stored=f"{'It is' if len(items) == 1 else 'They are'} kept to verify signatures, and never displayed again",
             lost="rotate again",
             back=reverse("admin:hooks_intakesource_changelist"),
             note="Signatures made with the previous secret are accepted for 24 more hours. If it leaked, "

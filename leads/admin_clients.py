@@ -83,7 +83,7 @@ class ApiClientAdmin(SuperusersOnly, admin.ModelAdmin):
             title=f"API client '{obj.name}' created",
             what="the token",
             items=[(obj.name, obj._new_token)],  # type: ignore[attr-defined]
-            stored="its SHA-256",
+            stored="Only its SHA-256 is kept",
             lost="revoke it and create another",
             back=reverse("admin:leads_apiclient_changelist"),
             note="Send it as `Authorization: Bearer <token>`.",

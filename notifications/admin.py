@@ -1,4 +1,5 @@
 import json
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -56,7 +57,7 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
     @admin.display(description="Old secret signs until")
     def old_secret_signs_until(self, obj: WebhookEndpoint) -> Any:
         previous = services.endpoint_signing_secrets(obj)[1] if obj.pk else []
-        return obj.previous_secret_expires_at if previous else None
+        return obj.previous_secret_expires_at if previous else self.get_empty_value_display()
 
     def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
         # Where every lead's contact data is sent: who created or re-pointed it is audited.
@@ -149,7 +150,7 @@ class WebhookEndpointAdmin(SuperusersOnly, admin.ModelAdmin):
             title=title,
             what="the signing secret" if len(items) == 1 else "the signing secrets",
             items=items,
-            stored="what signing deliveries needs, never displayed again",
+            stored=f"{'It is' if len(items) == 1 else 'They are'} kept to sign deliveries, and never displayed again",
             lost="rotate it",
             back=reverse("admin:notifications_webhookendpoint_changelist"),
             note=note
@@ -243,7 +244,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         "last_status_code",
         "short_error",
         "created_at",
-        "next_attempt_at",
+        "next_attempt",
         "sent_at",
     )
     # Dates by range rather than a date hierarchy, whose drill-down reads every delivery's date.
@@ -265,7 +266,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         "last_error",
         "created_at",
         "last_attempt_at",
-        "next_attempt_at",
+        "next_attempt",
         "sent_at",
         "payload",
     )
@@ -286,7 +287,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         with transaction.atomic():
             again = services.deliveries_send_again(ids=selected)
         left = len(selected) - len(again)
-        message = f"{len(again)} deliveries will be sent again."
+        message = f"{len(again)} {'delivery' if len(again) == 1 else 'deliveries'} will be sent again."
         if left:
             message += (
                 f" {left} left as they are: only failed deliveries are sent again, and not to an endpoint"
@@ -307,6 +308,13 @@ class DeliveryAdmin(admin.ModelAdmin):
     @admin.display(description="Lead", ordering="message__lead_id")
     def lead_link(self, obj: Delivery) -> str:
         return lead_shown(obj.message)
+
+    @admin.display(description="Next attempt at", ordering="next_attempt_at")
+    def next_attempt(self, obj: Delivery) -> datetime | str:
+        # Only a pending delivery has one: a sent or failed one kept the time it was last due
+        # ("next attempt at 13:05" on a delivery given up on read as a try still to come).
+        pending = obj.status == Delivery.Status.PENDING and obj.next_attempt_at is not None
+        return obj.next_attempt_at if pending else self.get_empty_value_display()
 
     @admin.display(description="Last error")
     def short_error(self, obj: Delivery) -> str:

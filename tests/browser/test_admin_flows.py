@@ -230,7 +230,7 @@ def test_a_csv_upload_imports_routes_and_lists_bad_lines(page: Page, live: str, 
     page.set_input_files("input[name=file]", str(path))
     page.click("input[type=submit][value=Import]")
     report = page.locator("#import-report")
-    expect(report).to_contain_text("4 rows: 2 imported (2 assigned, 0 queued)")
+    expect(report).to_contain_text("Import finished: 4 rows: 2 imported (2 assigned, 0 queued)")
     # The progress bar the page streamed ahead of the report, full once the import is done.
     expect(page.locator("#import-count")).to_have_text("done")
     assert page.evaluate("document.getElementById('import-bar').value") == 4

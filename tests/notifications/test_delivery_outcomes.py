@@ -74,7 +74,7 @@ def test_sending_again_lifts_the_endpoints_hold(given_up, receiver, admin_client
             {"action": "send_again", "_selected_action": [delivery_id]},
             follow=True,
         )
-    assert "1 deliveries will be sent again." in r.content.decode()
+    assert "1 delivery will be sent again." in r.content.decode()
     endpoint.refresh_from_db()
     assert endpoint.unreachable_until is None
     assert services.delivery_attempt(delivery_id=delivery_id) is None

@@ -387,6 +387,30 @@ def test_delivery_log_in_the_admin(admin_client, post_lead, make_group, receiver
     assert detail.status_code == 200
 
 
+def test_the_delivery_log_shows_a_next_attempt_only_for_a_delivery_still_to_be_tried(
+    admin_client, post_lead, make_group
+):
+    """A delivery given up on (an endpoint deactivated) and every e-mail sent kept the time they
+    were last due: "next attempt at 13:05" read as a try still to come."""
+    from django.utils import formats
+
+    make_group(1, slug="emea")
+    post_lead(group="emea")
+    [delivery_id] = services.outbox_dispatch(message_id=OutboxMessage.objects.get().id)
+    delivery = Delivery.objects.get(pk=delivery_id)
+    due = formats.localize(timezone.localtime(delivery.next_attempt_at))
+    page = admin_client.get(f"/admin/notifications/delivery/{delivery_id}/change/").content.decode()
+    assert due in page  # pending: when it is tried
+    services.delivery_attempt(delivery_id=delivery_id)
+    delivery.refresh_from_db()
+    assert delivery.status == "sent"
+    page = admin_client.get(f"/admin/notifications/delivery/{delivery_id}/change/").content.decode()
+    row = page.split("Next attempt at", 1)[1].split("</div>", 2)[:2]
+    assert '<div class="readonly">-</div>' in "</div>".join(row) + "</div>", row
+    listing = admin_client.get("/admin/notifications/delivery/").content.decode()
+    assert '<td class="field-next_attempt">-</td>' in listing
+
+
 def test_the_outbox_list_names_the_lead_group_and_rep(admin_client, post_lead, make_group):
     """It showed the lead, group and rep as bare ids: the lead as its payload names it (linked
     to its page), the group by slug, the rep by name; one deleted since by the id it named.
@@ -505,8 +529,13 @@ def test_the_endpoint_secret_is_shown_once_and_can_be_rotated(admin_client, make
     assert r.status_code == 200 and "no-store" in r["Cache-Control"]
     endpoint = WebhookEndpoint.objects.get()
     assert len(endpoint.secret) == 64 and endpoint.secret in r.content.decode()
+    said = " ".join(r.content.decode().split())
+    assert "It is kept to sign deliveries, and never displayed again; if the signing secret is lost, rotate it." in said
     change = admin_client.get(f"/admin/notifications/webhookendpoint/{endpoint.pk}/change/").content.decode()
     assert endpoint.secret not in change and endpoint.secret[:4] in change
+    # No old secret signs: said as every empty value is, not as Python's "None".
+    old_secret = " ".join(change.split()).split("Old secret signs until:</label>", 1)[1][:60]
+    assert '<div class="readonly">-</div>' in old_secret, old_secret
     old = endpoint.secret
     r = admin_client.post(
         "/admin/notifications/webhookendpoint/",
@@ -1257,7 +1286,7 @@ def test_failed_deliveries_can_be_sent_again_from_the_delivery_log(
             {"action": "send_again", "_selected_action": [failed, to_stopped, sent_id]},
             follow=True,
         )
-    assert "1 deliveries will be sent again. 2 left as they are" in r.content.decode()
+    assert "1 delivery will be sent again. 2 left as they are" in r.content.decode()
     assert published == [("notifications.deliveries_publish", [failed])]
     assert services.delivery_attempt(delivery_id=failed) is None
     d = Delivery.objects.get(pk=failed)
