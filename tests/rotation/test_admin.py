@@ -66,7 +66,7 @@ def test_group_page_shows_members_and_rotation(staff, make_group):
     for rep in reps:
         assert rep.name in html
     first = Membership.objects.filter(group=group).order_by("position").values_list("position", flat=True)[0]
-    assert "after 0 turns." in html and f"walk starts at position <strong>{first}</strong>." in html
+    assert "after 0 turns since the group was made" in html and f"walk starts at position <strong>{first}</strong>." in html
 
 
 def test_the_group_page_says_where_the_next_turn_starts_when_the_pointer_wraps(staff, api, make_group):
@@ -77,7 +77,7 @@ def test_the_group_page_says_where_the_next_turn_starts_when_the_pointer_wraps(s
     for _ in range(3):
         api.post("/api/v1/leads/", lead_body(group="emea"), format="json")
     html = " ".join(staff.get(f"/admin/rotation/group/{group.pk}/change/").content.decode().split())
-    assert "after 3 turns." in html, html
+    assert "after 3 turns since the group was made (every lead its rotation gave out" in html, html
     wrapped = f"walk starts at position <strong>{positions[0]}</strong> (past the last member, so back at the first)."
     assert wrapped in html
     assert "Next: <strong>" + reps[0].name in html
