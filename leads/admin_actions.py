@@ -231,15 +231,17 @@ def _confirm_page(
     template: str,
     title: str,
     action: str,
+    listed: QuerySet[Lead] | None = None,
     **extra: Any,
 ) -> TemplateResponse:
-    """An action's confirmation page: the selected leads listed (the first 200), the selection
-    posted back with the answer (`_selected_leads.html`)."""
+    """An action's confirmation page: the selected leads listed (the first 200; `listed`: those
+    of them it acts on), the selection posted back with the answer (`_selected_leads.html`)."""
+    listed = queryset if listed is None else listed
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": title,
-        "leads": queryset.select_related("group", "owner").order_by("id")[:200],
-        "count": queryset.count(),
+        "leads": listed.select_related("group", "owner").order_by("id")[:200],
+        "count": listed.count(),
         "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
         "select_across": request.POST.get("select_across") == "1",
         "action": action,
@@ -326,15 +328,19 @@ def _close_action(outcome: str) -> Action:
     def close(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Lead]) -> HttpResponse | None:
         if "apply" not in request.POST:
             # A closed lead is never routed again: the manager confirms on a page listing them,
-            # as the lead page's own "Close…" asks for the outcome first.
+            # as the lead page's own "Close…" asks for the outcome first. It lists the leads it
+            # will close; those closed already are counted apart (listed among them, they read
+            # as leads about to be closed again, with another outcome).
             return _confirm_page(
                 modeladmin,
                 request,
                 queryset,
+                listed=queryset.exclude(status=LeadStatus.CLOSED),
                 template="admin/leads/close_confirm.html",
                 title=f"Close leads as {outcome}",
                 action=f"close_{outcome}",
                 outcome=outcome,
+                closed_already=queryset.filter(status=LeadStatus.CLOSED).count(),
             )
         actor = admin_actor(request)
         _run_each(

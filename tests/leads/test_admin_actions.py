@@ -121,6 +121,23 @@ def test_select_all_over_more_leads_than_an_action_takes_is_refused_before_anyth
         assert Lead.objects.filter(pk__in=ids, outcome="disqualified").count() == 4
 
 
+def test_the_close_confirmation_lists_only_the_leads_it_closes(api, make_group, manager):
+    """Leads closed already were listed among those the page "will close", with their status
+    "Closed", as if they were about to be closed again with another outcome."""
+    make_group(1, slug="emea")
+    ids = [api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"] for _ in range(3)]
+    api.post(f"/api/v1/leads/{ids[0]}/close/", {"outcome": "won"}, format="json")
+    r = manager.post("/admin/leads/lead/", {"action": "close_disqualified", "_selected_action": ids})
+    html = " ".join(r.content.decode().split())
+    assert "Close 2 leads as disqualified" in html and f"<li>#{ids[0]} " not in html
+    assert f"<li>#{ids[1]} " in html and f"<li>#{ids[2]} " in html
+    assert "1 of the leads selected is closed already, and is left as it is." in html
+    r = manager.post("/admin/leads/lead/", {"action": "close_disqualified", "_selected_action": ids[:1]})
+    html = " ".join(r.content.decode().split())
+    assert "There is nothing to close." in html and 'type="submit"' not in html.split("There is nothing")[1]
+    assert Lead.objects.get(pk=ids[0]).outcome == "won"
+
+
 def test_a_bulk_action_that_fails_on_many_leads_says_how_many(api, make_group, manager):
     """Past 20 refusals the message listed the first 20 and said nothing of the rest: closing 30
     leads of which 25 were closed already read as 5 done and 20 not done."""

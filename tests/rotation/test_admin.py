@@ -66,7 +66,10 @@ def test_group_page_shows_members_and_rotation(staff, make_group):
     for rep in reps:
         assert rep.name in html
     first = Membership.objects.filter(group=group).order_by("position").values_list("position", flat=True)[0]
-    assert "after 0 turns since the group was made" in html and f"walk starts at position <strong>{first}</strong>." in html
+    assert (
+        "after 0 turns since the group was made" in html
+        and f"walk starts at position <strong>{first}</strong>." in html
+    )
 
 
 def test_the_group_page_says_where_the_next_turn_starts_when_the_pointer_wraps(staff, api, make_group):
