@@ -24,13 +24,37 @@ from .routing import RoutingBusy
 ASSIGNMENTS_SHOWN = 20  # a lead's page lists its latest attempts
 
 
+END_REASONS = {"sla_missed": "SLA missed", "reassigned": "reassigned", "rerouted": "routed again", "closed": "closed"}
+
+
 class AssignmentInline(admin.TabularInline):
     model = Assignment
     verbose_name_plural = f"assignments (the latest {ASSIGNMENTS_SHOWN}; the audit trail has them all)"
     extra = 0
     can_delete = False
-    fields = ("attempt", "rep", "reason", "started_at", "due_at", "accepted_at", "ended_at", "end_reason", "over_cap")
+    fields = (
+        "attempt",
+        "rep",
+        "reason",
+        "started_at",
+        "due_at",
+        "accepted_at",
+        "ended_at",
+        "ended_by",
+        "given_over_cap",
+    )
     readonly_fields = fields
+
+    @admin.display(description="End reason")
+    def ended_by(self, obj: Assignment) -> str:
+        # In words: the code "sla_missed" read as a value left unrendered.
+        return END_REASONS.get(obj.end_reason, obj.end_reason) or "-"
+
+    @admin.display(description="Over cap")
+    def given_over_cap(self, obj: Assignment) -> str:
+        # A word where it happened, nothing elsewhere: a red cross on every ordinary turn read
+        # as something having gone wrong.
+        return "yes, given by hand over a cap" if obj.over_cap else "-"
 
     def has_add_permission(self, request: HttpRequest, obj: Lead | None = None) -> bool:
         return False

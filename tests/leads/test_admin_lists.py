@@ -375,6 +375,13 @@ def test_a_lead_moved_many_times_shows_its_latest_attempts_only(api, make_group,
     shown = re.findall(r'field-attempt">\s*<p>(\d+)</p>', html)
     assert sorted(map(int, shown)) == list(range(31 - ASSIGNMENTS_SHOWN, 31))
     assert f"the latest {ASSIGNMENTS_SHOWN}" in html
+    # An attempt's end in words, and "over cap" said only where it was.
+    assert re.search(r'field-ended_by">\s*<p>reassigned</p>', html) and re.search(r'field-ended_by">\s*<p>-</p>', html)
+    assert "icon-no.svg" not in html.split(f"the latest {ASSIGNMENTS_SHOWN}")[1].split("</fieldset>")[0]
+    Assignment.objects.filter(lead_id=lead_id, attempt=29).update(end_reason="sla_missed", over_cap=True)
+    html = get(manager, f"/admin/leads/lead/{lead_id}/change/")[0].content.decode()
+    assert re.search(r'field-ended_by">\s*<p>SLA missed</p>', html)
+    assert re.search(r'field-given_over_cap">\s*<p>yes, given by hand over a cap</p>', html)
 
 
 @pytest.mark.parametrize(
