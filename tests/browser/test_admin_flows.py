@@ -465,3 +465,31 @@ def test_a_manager_sees_each_leads_status_owner_and_sla_on_a_laptop_without_scro
             assert box is not None and box["x"] + box["width"] <= table["x"] + table["width"] + 1, column
     finally:
         context.close()
+
+
+def test_a_reps_absences_say_they_are_in_the_reps_time_zone_not_the_servers(browser, live: str):
+    """The page shows a rep's absences in the rep's zone; Django's own note told a user in Paris
+    "You are 9 hours ahead of server time" on a Los Angeles rep's page, inviting a "correction" of a
+    right value."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from rotation.models import Absence
+
+    rep = RepFactory(name="Ada Lovelace", timezone="America/Los_Angeles")
+    now = timezone.now()
+    Absence.objects.create(rep=rep, starts_at=now + timedelta(days=1), ends_at=now + timedelta(days=2))
+    user_in("Sales ops", "ops")
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Europe/Paris")
+    page = context.new_page()
+    try:
+        log_in(page, live, "ops")
+        page.goto(f"{live}/admin/rotation/rep/{rep.pk}/change/")
+        notes = page.locator(".timezonewarning")
+        expect(notes.first).to_have_text(
+            re.compile(r"In the rep's time zone \(America/Los_Angeles\), [89] hours behind yours\.")
+        )
+        expect(page.get_by_text("server time")).to_have_count(0)
+    finally:
+        context.close()
