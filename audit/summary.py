@@ -249,6 +249,13 @@ def _config_summary(e: Mapping[str, Any]) -> str:
     if isinstance(window, Mapping) and window.get("starts_at") and window.get("ends_at"):  # an absence
         text += f": out of office from {window['starts_at']} to {window['ends_at']}"
         text += f" ({window['reason']})" if window.get("reason") else ""
+    if action == "joined" and isinstance(changes, Mapping):  # the terms it joined on
+        terms = [f"position {changes['position']}"] if changes.get("position") is not None else []
+        terms += [f"weight {changes['weight']}"] if changes.get("weight") is not None else []
+        terms += [f"{cap} {changes[cap]}" for cap in ("max_open", "max_per_day") if changes.get(cap) is not None]
+        if changes.get("active") is False:
+            terms.append("paused" + (f" ({changes['paused_reason']})" if changes.get("paused_reason") else ""))
+        text += f" at {', '.join(terms)}" if terms else ""
     if action == "removed" and e.get("position") is not None:
         text += f" from the rotation (was at position {e['position']})"
     return text + "."

@@ -221,3 +221,16 @@ def test_a_lead_no_rule_took_carries_no_conditions(api, make_group):
     event = AuditEvent.objects.get(lead_id=lead["id"], type="lead.assigned")
     assert "matched_on" not in event.explanation
     assert "no rule matched, group emea (round_robin) as the group the lead asked for" in summary(event)
+
+
+@pytest.mark.django_db
+def test_a_member_joining_reads_with_the_terms_it_joined_on(api, make_group):
+    """ "Membership changed: Joined." said nothing of the weight, caps or pause a member was
+    added with, which the trail's explanation holds."""
+    group, _ = make_group(0, slug="emea")
+    rep = Rep.objects.create(name="Ada", email="ada@sales.example")
+    body = {"rep": rep.id, "weight": 3, "max_open": 5, "active": False, "paused_reason": "training"}
+    assert api.post("/api/v1/groups/emea/members/", body, format="json").status_code == 201, body
+    event = AuditEvent.objects.get(type="membership.changed")
+    text = event_summary(type=event.type, explanation=event.explanation, rep_id=event.rep_id, names={})
+    assert "Joined at position 0, weight 3, max_open 5, paused (training)." in text, text
