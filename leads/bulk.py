@@ -286,6 +286,7 @@ class FileScan:
     utf8_lines: int = 0  # how many such lines
     sample: bytes = b""  # the cell at the first of those lines that tells: not UTF-8, else UTF-8
     bom: str = ""  # the encoding a byte order mark at its start names: "utf-8", "utf-16" or ""
+    binary: str = ""  # what the file is when it is no text at all ("a PNG image"), else ""
 
 
 _CELL_END = re.compile('[,"\r\n]')
@@ -330,6 +331,30 @@ class _Scan:
                 self.first_good, self.good_sample = self.lines, _cell_around(text, at)
 
 
+# What a file chosen by mistake usually is, by its first bytes: said by name, where "not
+# UTF-8 text" and an encoding to choose would send the user looking for the wrong fix.
+_NOT_TEXT = (
+    (
+        b"PK\x03\x04",
+        'a zip archive (an Excel .xlsx or OpenDocument .ods workbook is one): save the sheet as "CSV UTF-8"',
+    ),
+    (b"\xd0\xcf\x11\xe0", 'an Excel 97-2003 workbook (.xls): save the sheet as "CSV UTF-8"'),
+    (b"%PDF", "a PDF document"),
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF8", "a GIF image"),
+)
+
+
+def _not_text(head: bytes, bom: str) -> str:
+    """What a file whose first bytes are `head` is, when it is no text (a known kind, or any
+    file holding a NUL byte, which no CSV text has: UTF-16, which does, is told by its mark)."""
+    kind = next((kind for magic, kind in _NOT_TEXT if head.startswith(magic)), "")
+    if not kind and not bom and b"\0" in head:
+        kind = "binary data, not text"
+    return kind
+
+
 def scan_in(binary: IO[bytes]) -> FileScan:
     """Reads an open binary file from its start to its end, streamed, and leaves it at its
     start again: its data rows (lines less the header) and which of its lines are not UTF-8.
@@ -341,6 +366,10 @@ def scan_in(binary: IO[bytes]) -> FileScan:
     head = binary.read(4)
     bom = "utf-8" if head.startswith(codecs.BOM_UTF8) else ""
     bom = "utf-16" if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else bom
+    binary.seek(0)
+    if kind := _not_text(binary.read(8192), bom):
+        binary.seek(0)
+        return FileScan(0, binary=kind)
     binary.seek(0)
     pending = ""  # the line the chunk ended in, not ended yet
     while True:
@@ -398,6 +427,8 @@ def encoding_problem(scan: FileScan, codec: str) -> EncodingProblem | None:
     beginning with UTF-8's byte order mark) is imported, its damaged rows refused by line.
     Read in another encoding, a file that is UTF-8 text past ASCII would import its accents as
     two or three wrong characters each ("RenÃ©"): it is refused, saying so."""
+    if scan.binary:
+        return EncodingProblem(f"The file is not CSV text: it is {scan.binary}.", None)
     if scan.bom == "utf-16":
         return EncodingProblem('The file is UTF-16 text (Excel\'s "Unicode Text"): save it as "CSV UTF-8".', None)
     if codecs.lookup(codec).name == "utf-8":

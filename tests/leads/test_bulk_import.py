@@ -825,6 +825,28 @@ def test_a_utf16_file_is_refused_whole_saying_what_it_is(tmp_path: Path):
             call_command("import_leads", str(path), "--no-progress", *extra)
 
 
+@pytest.mark.parametrize(
+    ("head", "said"),
+    [
+        (b"PK\x03\x04\x14\x00\x06\x00", "a zip archive (an Excel .xlsx"),
+        (b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1", "an Excel 97-2003 workbook (.xls)"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "a PNG image"),
+        (b"%PDF-1.7\n", "a PDF document"),
+        (b"email\n\x00\x01\x02", "binary data, not text"),
+    ],
+)
+def test_a_file_that_is_no_text_is_refused_saying_what_it_is(tmp_path: Path, head, said):
+    """A PNG chosen by mistake was refused as "not UTF-8 text" with encodings to choose from:
+    the user went looking for an encoding that would never read it."""
+    path = tmp_path / "leads.csv"
+    path.write_bytes(head + bytes(range(256)) * 4)
+    for extra in ([], ["--encoding", "cp1252"]):
+        with pytest.raises(CommandError, match=f"The file is not CSV text: it is {re.escape(said)}") as raised:
+            call_command("import_leads", str(path), "--no-progress", *extra)
+        assert "--encoding" not in str(raised.value)
+    assert not Lead.objects.exists()
+
+
 def test_a_utf8_file_damaged_in_places_imports_the_rest_refusing_its_damaged_rows(make_group, tmp_path: Path):
     # Valid UTF-8 past ASCII elsewhere: a damaged UTF-8 file, not one in another encoding.
     make_group(1, slug="emea")

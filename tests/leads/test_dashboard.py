@@ -263,6 +263,14 @@ def test_upload_reads_cr_endings_and_a_windows_1252_file_once_its_encoding_is_ch
     assert dict(Lead.objects.values_list("external_id", "first_name")) == {"c-1": "Ann", "c-2": "René"}
 
 
+def test_an_image_uploaded_to_the_import_is_said_to_be_one(admin_client):
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))
+    refused = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", png, "text/csv")})
+    html = html_of(refused)
+    assert "The file is not CSV text: it is a PNG image." in html and "Encoding" not in html.split("errornote")[1][:200]
+    assert not Lead.objects.exists()
+
+
 def test_a_queued_lead_rerouted_and_queued_again_counts_once_and_a_short_queue_shows_its_peak(
     api, make_group, post_lead
 ):
