@@ -1,4 +1,4 @@
-"""Django's own 400, 404 and 500 pages, as JSON under /api/ (a URL that matches no route, such
+"""Django's own 400, 403, 404 and 500 pages, as JSON under /api/ (a URL that matches no route, such
 as /api/v1/leads/abc/, is still an API error with a `detail`); HTML elsewhere."""
 
 from __future__ import annotations
@@ -22,6 +22,22 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "Not found."}, status=404)
     return defaults.page_not_found(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """An admin page a user's role does not open (a manager on the import page): the admin's
+    own page, with its menu and a way back, where Django's bare "403 Forbidden" left the user
+    on an unstyled page of one line."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "You do not have permission to perform this action."}, status=403)
+    if request.path.startswith("/admin/") and request.user.is_authenticated and request.user.is_staff:
+        from django.contrib import admin
+        from django.template.response import TemplateResponse
+
+        context = {**admin.site.each_context(request), "title": "Not allowed"}
+        response = TemplateResponse(request, "admin/permission_denied.html", context, status=403)
+        return response.render()
+    return defaults.permission_denied(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

@@ -58,5 +58,6 @@ urlpatterns = [
 ]
 
 handler400 = "routing_project.error_views.bad_request"
+handler403 = "routing_project.error_views.permission_denied"
 handler404 = "routing_project.error_views.not_found"
 handler500 = "routing_project.error_views.server_error"

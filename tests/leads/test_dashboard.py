@@ -142,7 +142,11 @@ def test_pages_need_their_permissions(client, db):
     user = User.objects.create_user("viewer", password="pw-12345678", is_staff=True)
     client.force_login(user)
     assert client.get("/admin/dashboard/").status_code == 403
-    assert client.get("/admin/lead-import/").status_code == 403
+    refused = client.get("/admin/lead-import/")
+    assert refused.status_code == 403
+    # The admin's own page, with a way back, not Django's bare one-line "403 Forbidden".
+    html = refused.content.decode()
+    assert "Your role does not open this page." in html and 'href="/admin/"' in html
     user.user_permissions.add(Permission.objects.get(codename="view_lead"))
     assert client.get("/admin/dashboard/").status_code == 200
 
@@ -212,10 +216,10 @@ def test_an_upload_shows_its_progress_batch_by_batch(admin_client, make_group):
     response = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body.encode())})
     assert response.status_code == 200 and response.streaming
     parts = [part.decode() for part in response.streaming_content]
-    assert '<progress id="import-bar" max="1010"' in parts[0] and "Imported:" not in parts[0]
+    assert '<progress id="import-bar" max="1010"' in parts[0] and "Import finished:" not in parts[0]
     updates = [int(n) for part in parts for n in re.findall(r"leadImportProgress\((\d+)\)", part)]
     assert updates == [BATCH_SIZE, BATCH_SIZE * 2, rows]
-    report = next(i for i, part in enumerate(parts) if "Imported:" in part)
+    report = next(i for i, part in enumerate(parts) if "Import finished:" in part)
     assert "leadImportProgress(null)" in parts[report - 1]
     assert f"{rows} rows: {rows} imported" in parts[report] and "</html>" in parts[-1]
     assert Lead.objects.count() == rows
