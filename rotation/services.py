@@ -9,6 +9,7 @@ list; the other drops the member's place on the weighted clock (never the pointe
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -77,9 +78,14 @@ class _Change:
 
 def _freed_because(what: str, change: _Change, obj: Model, fields: Iterable[str], actor: str) -> str:
     """A change that freed capacity, in words, for the audit events of the queued leads its
-    drain routes: "rep 7's membership of group 'emea' changed: max_open 1 -> 2 (api:ops)"."""
+    drain routes: "rep 7's membership of group 'emea' changed: max_open 1 → 2 (api:ops)". Values
+    as the trail's summaries write a change (JSON: `active false → true`, not Python's `False`)."""
     shown = [] if change.created else [name for name in change.fields if name in fields]
-    edits = ", ".join(f"{name} {change.before.get(name)!r} -> {_plain(getattr(obj, name, None))!r}" for name in shown)
+
+    def said(value: Any) -> str:
+        return json.dumps(_plain(value), ensure_ascii=False, default=str)
+
+    edits = ", ".join(f"{name} {said(change.before.get(name))} → {said(getattr(obj, name, None))}" for name in shown)
     return f"{what}: {edits} ({actor})" if edits else f"{what} ({actor})"
 
 

@@ -124,7 +124,7 @@ def test_a_lead_given_from_the_queue_says_so(api, make_group, django_capture_on_
     text = summary(event)
     assert text.startswith(f"Given to {reps[0].name} (#{reps[0].id}) (rotation) from the fallback queue")
     assert f"(queued because: {lead['queue_reason']})" in text, text
-    assert f", when rep {reps[0].id}'s membership of group 'emea' changed: max_open 0 -> 1 (" in text, text
+    assert f", when rep {reps[0].id}'s membership of group 'emea' changed: max_open 0 → 1 (" in text, text
 
 
 def test_an_api_client_change_is_said_in_words(db):

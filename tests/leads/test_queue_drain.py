@@ -718,7 +718,7 @@ def test_each_drain_says_which_change_freed_the_capacity(
     with django_capture_on_commit_callbacks(execute=True):
         r = api.patch(f"/api/v1/groups/emea/members/{rep.id}/", {"max_open": 2}, format="json")
     assert r.status_code == 200, r.content
-    assert drained_because(waiting) == (f"rep {rep.id}'s membership of group 'emea' changed: max_open 1 -> 2 ({ACTOR})")
+    assert drained_because(waiting) == (f"rep {rep.id}'s membership of group 'emea' changed: max_open 1 → 2 ({ACTOR})")
 
     Membership.objects.filter(group=group).update(max_open=None, active=False)
     waiting = post(api, group="emea")
@@ -726,7 +726,7 @@ def test_each_drain_says_which_change_freed_the_capacity(
         r = api.patch(f"/api/v1/groups/emea/members/{other.id}/", {"active": True}, format="json")
     assert r.status_code == 200, r.content
     assert drained_because(waiting) == (
-        f"rep {other.id}'s membership of group 'emea' changed: active False -> True ({ACTOR})"
+        f"rep {other.id}'s membership of group 'emea' changed: active false → true ({ACTOR})"
     )
 
     Membership.objects.filter(group=group).update(active=False)
