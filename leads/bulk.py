@@ -363,14 +363,12 @@ def scan_in(binary: IO[bytes]) -> FileScan:
     decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="surrogateescape")
     tally = _Scan()
     binary.seek(0)
-    head = binary.read(4)
+    head = binary.read(8192)  # its marks: a byte order mark, or what it is when no text
+    binary.seek(0)
     bom = "utf-8" if head.startswith(codecs.BOM_UTF8) else ""
     bom = "utf-16" if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) else bom
-    binary.seek(0)
-    if kind := _not_text(binary.read(8192), bom):
-        binary.seek(0)
+    if kind := _not_text(head, bom):
         return FileScan(0, binary=kind)
-    binary.seek(0)
     pending = ""  # the line the chunk ended in, not ended yet
     while True:
         chunk = binary.read(1 << 20)
