@@ -46,6 +46,16 @@ class RouterAdminSite(admin.AdminSite):
             context["available_apps"] = [operations, *context["available_apps"]]
         return context
 
+    def _build_app_dict(self, request: HttpRequest, label: str | None = None) -> Any:
+        """Django's user groups are the admin roles (sales ops, managers, auditors): listed as
+        "User roles", so the index and the sidebar do not show two "Groups", one of them the
+        routing groups."""
+        app_dict = super()._build_app_dict(request, label)  # type: ignore[misc]  # not in django-stubs
+        for model in app_dict.get("auth", {}).get("models", []):
+            if model["object_name"] == "Group":
+                model["name"] = "User roles"
+        return app_dict
+
 
 def _operations_pages(request: HttpRequest) -> list[dict[str, Any]]:
     user = request.user

@@ -104,6 +104,18 @@ def test_the_operations_box_shows_what_the_role_may_open_and_nothing_when_nothin
         assert (f">{name}</a>" in html) is (name in links), (role, name)
 
 
+def test_the_index_lists_the_admin_roles_apart_from_the_routing_groups():
+    root = User.objects.create_superuser("root-index", password="pw-for-tests-only")
+    client = Client()
+    client.force_login(root)
+    for path in ["/admin/", "/admin/auth/"]:
+        names = re.findall(
+            r'<th scope="row"[^>]*>\s*<a href="[^"]+"[^>]*>([^<]+)</a>', client.get(path).content.decode()
+        )
+        assert "User roles" in names, (path, names)
+        assert names.count("Groups") == (1 if path == "/admin/" else 0), (path, names)
+
+
 def test_the_migration_created_the_three_roles():
     perms = {
         g.name: set(g.permissions.values_list("content_type__app_label", "codename"))
