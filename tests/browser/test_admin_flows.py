@@ -444,6 +444,21 @@ def test_sales_ops_see_a_groups_members_and_state_on_a_laptop_without_scrolling(
         context.close()
 
 
+def test_a_groups_member_table_fits_its_page_on_a_laptop(page: Page, live: str):
+    """At 1280 pixels the member table of a group's page ran past the page's edge: its Delete
+    box was reached by scrolling sideways."""
+    group = GroupFactory(slug="north-america-enterprise", name="North America enterprise")
+    services.membership_add(group=group, rep=RepFactory(name="Katherine Johnson-Goble"), actor="test")
+    user_in("Sales ops", "ops")
+    log_in(page, live, "ops")
+    page.goto(f"{live}/admin/rotation/group/{group.pk}/change/")
+    section = page.locator("#memberships-group fieldset").bounding_box()
+    delete = page.locator("#memberships-group input[name='memberships-0-DELETE']").bounding_box()
+    assert section is not None and delete is not None
+    assert delete["x"] + delete["width"] <= section["x"] + section["width"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+
+
 def test_a_manager_sees_each_leads_status_owner_and_sla_on_a_laptop_without_scrolling(browser, live: str):
     """At 1300 pixels the lead list showed the contact and the group, and left the SLA due
     time, the one a manager watches, past the table's edge."""
