@@ -11,7 +11,7 @@ from django.utils.html import format_html
 
 from routing_project.admin_lists import DateRangeFilter, EstimatedCountPaginator, distinct_indexed_values
 
-from .models import AuditEvent
+from .models import QUEUE_ENTRY, AuditEvent
 from .summary import event_summary, rep_ids
 
 
@@ -46,6 +46,22 @@ class GroupFilter(admin.SimpleListFilter):
         return queryset.filter(group=self.value()) if self.value() is not None else queryset
 
 
+class QueueEntryFilter(admin.SimpleListFilter):
+    """The events by which leads entered the fallback queue, whichever way: queued at intake or
+    import (`lead.queued`), escalated to no rep (`lead.escalated`) or rerouted to none
+    (`lead.rerouted`). Each action writes its own type, so the "type" filter's `lead.queued`
+    alone misses the leads an SLA or a reroute queued."""
+
+    title = "fallback queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("entered", "Leads entering it (queued, or escalated or rerouted to no rep)")]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        return queryset.filter(QUEUE_ENTRY) if self.value() == "entered" else queryset
+
+
 class DateFilter(DateRangeFilter):
     """Titled "By date": the field's own name made it "By at"."""
 
@@ -62,7 +78,7 @@ class AuditEventAdmin(admin.ModelAdmin):
     # columns past it are the ones scrolled to.
     list_display = ("id", "when", "type", "summary", "lead", "group_link", "rep", "actor")
     # Dates by range rather than a date hierarchy, whose drill-down reads every event's date.
-    list_filter = ("type", GroupFilter, ("at", DateFilter))
+    list_filter = ("type", QueueEntryFilter, GroupFilter, ("at", DateFilter))
     search_fields = ("actor", "request_id")  # and a number: a lead or rep id (get_search_results)
     paginator = EstimatedCountPaginator
     # "Show counts" would count each filter choice over the whole trail, in one full scan.

@@ -1,6 +1,7 @@
 """The audit trail's admin list, as managers reach it from a lead's or a rep's page."""
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -66,3 +67,34 @@ def test_an_event_links_its_group_and_rep_to_their_pages(manager, api, make_grou
     page = client.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
     assert group_link not in page and rep_link not in page
     assert f"{rep.name} (#{rep.pk})" in page and ">emea</td>" in page
+
+
+def test_the_queue_filter_lists_every_way_a_lead_entered_the_queue(manager, api, make_group):
+    """A lead enters the fallback queue by the event of what put it there: queued at intake,
+    escalated to no rep, rerouted to none. Filtering the type `lead.queued` missed the last two,
+    the leads an SLA or a reroute queued."""
+    from leads import actions
+    from leads.models import Assignment
+    from rotation.models import Membership
+
+    emea, _ = make_group(1, slug="emea", sla_minutes="30", max_attempts=1)
+    Membership.objects.filter(group=emea).update(max_open=1)
+    escalated = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    queued = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()
+    assert (escalated["status"], queued["status"]) == ("assigned", "queued")
+    make_group(1, slug="apac")
+    rerouted = api.post("/api/v1/leads/", lead_body(group="apac"), format="json").json()
+    assert api.patch("/api/v1/groups/apac/", {"active": False}, format="json").status_code == 200
+    assert api.post(f"/api/v1/leads/{rerouted['id']}/reroute/", {}, format="json").json()["status"] == "queued"
+    missed = Assignment.objects.get(lead_id=escalated["id"])
+    Assignment.objects.filter(pk=missed.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.lead_escalate(assignment_id=missed.pk)
+
+    page = manager.get("/admin/audit/auditevent/?queue=entered").content.decode()
+    rows = re.findall(r'<td class="field-type">([^<]+)</td>.*?/admin/leads/lead/(\d+)/change/', page)
+    assert sorted((int(lead), type) for type, lead in rows) == [
+        (escalated["id"], "Lead Escalated"),
+        (queued["id"], "Lead Queued"),
+        (rerouted["id"], "Lead Rerouted"),
+    ]
+    assert "Leads entering it" in page
