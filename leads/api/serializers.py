@@ -38,7 +38,9 @@ class OptionalTextField(serializers.CharField):
 @extend_schema_field(
     {
         "type": "object",
-        "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "number"}, {"type": "boolean"}]},
+        "additionalProperties": {
+            "oneOf": [{"type": "string", "maxLength": MAX_ATTRIBUTE_VALUE}, {"type": "number"}, {"type": "boolean"}]
+        },
         "maxProperties": MAX_ATTRIBUTES,
         "nullable": True,
     }
@@ -175,6 +177,13 @@ class LeadSerializer(serializers.ModelSerializer):
             "attributes",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "sla_due_at": {
+                "help_text": "When the current (or last) assignment is due to be accepted. It stays on an "
+                "accepted or closed lead as the time that applied: a lead is overdue while it is assigned, "
+                "not accepted, past it. Null with no SLA, or while the lead has no owner (queued)."
+            }
+        }
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_queue_reason(self, lead: Lead) -> str | None:
