@@ -341,6 +341,13 @@ CELERY_TASK_ROUTES = {
 CELERY_BROKER_CONNECTION_TIMEOUT = 1.0
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_PUBLISH_RETRY = False
+# A worker (and beat) whose broker went away tries again every BROKER_RECONNECT_EVERY_S, for as
+# long as it takes (Celery's own back off to 30 s between tries and exit after 100): they work
+# again within a second of the broker's return (routing_project/celery_reconnect.py).
+CELERY_WORKER_CONSUMER = "routing_project.celery_reconnect:Consumer"
+CELERY_BEAT_SCHEDULER = "routing_project.celery_reconnect:PersistentScheduler"
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+BROKER_RECONNECT_EVERY_S = env.float("BROKER_RECONNECT_EVERY_S", default=1.0)
 
 # --- Escalation and the fallback queue (SPEC 5) --------------------------------------------
 # The due time stored on the assignment is the truth; a Celery timer only makes escalation
@@ -666,6 +673,7 @@ for _name in (
     "ACCEPT_LINK_MAX_AGE_S",
     "EMAIL_TIMEOUT",
     "NOTIFY_RETENTION_DAYS",
+    "BROKER_RECONNECT_EVERY_S",  # 0: a worker retrying its broker in a busy loop
 ):
     _require(globals()[_name] > 0, _name, globals()[_name], "a number above 0")
 _require(NOTIFY_SWEEP_GRACE_S >= 0, "NOTIFY_SWEEP_GRACE_S", NOTIFY_SWEEP_GRACE_S, "0 or more (s)")
