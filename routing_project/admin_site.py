@@ -46,7 +46,7 @@ class RouterAdminSite(admin.AdminSite):
             context["available_apps"] = [operations, *context["available_apps"]]
         return context
 
-    def _build_app_dict(self, request: HttpRequest, label: str | None = None) -> Any:
+    def _build_app_dict(self, request: HttpRequest, label: Any = None) -> Any:
         """Django's user groups are the admin roles (sales ops, managers, auditors): listed as
         "User roles", so the index and the sidebar do not show two "Groups", one of them the
         routing groups."""
