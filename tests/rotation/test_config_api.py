@@ -1,6 +1,7 @@
 """Groups, reps and memberships over the API (manage scope), each change audited."""
 
 import pytest
+from django.db import transaction
 
 from audit.models import AuditEvent
 from notifications.models import WebhookEndpoint
@@ -70,6 +71,34 @@ def test_a_slug_taken_in_another_case_is_refused(api, client, django_user_model)
     assert AuditEvent.objects.filter(type="group.changed").count() == 1
     # A group already saved keeps working, whatever else exists.
     assert api.patch("/api/v1/groups/emea/", {"name": "Europe"}, format="json").status_code == 200
+
+
+def test_a_slug_taken_after_the_request_was_checked_is_a_409_not_a_constraints_name(api, monkeypatch):
+    """Two posts of one slug at once: the loser, checked before the winner committed, reached
+    the service after it, whose full_clean answered 400 {"__all__": ["Constraint
+    “group_slug_unique_without_case” is violated."]}. The database refuses it: a 409."""
+    from rotation.api.serializers import GroupSerializer
+
+    api.post("/api/v1/groups/", {"slug": "wave", "name": "Wave"}, format="json")
+    # As if checked before the winner committed: the serializer's uniqueness checks pass.
+    monkeypatch.setattr(GroupSerializer, "get_validators", lambda self: [])
+    fields = GroupSerializer.get_fields
+
+    def unchecked_slug(self):
+        got = fields(self)
+        got["slug"].validators = [v for v in got["slug"].validators if "Unique" not in type(v).__name__]
+        return got
+
+    monkeypatch.setattr(GroupSerializer, "get_fields", unchecked_slug)
+    monkeypatch.setattr("rotation.api.serializers.group_slug_taken_in_another_case", lambda slug: None)
+    for slug in ["wave", "WAVE"]:
+        with transaction.atomic():
+            r = api.post("/api/v1/groups/", {"slug": slug, "name": "Wave again"}, format="json")
+        if slug == "wave":
+            assert r.status_code == 409 and "at the same time" in r.json()["detail"], r.content
+        else:  # the model's own check names the group it clashes with
+            assert r.status_code == 400 and "'wave'" in r.json()["slug"][0], r.content
+    assert list(Group.objects.values_list("slug", flat=True)) == ["wave"]
 
 
 def test_one_default_group_moves(api):
