@@ -225,6 +225,14 @@ def replay_config(*, config: Any, group: str | None) -> tuple[dict[str, GroupCon
         if slug not in groups:
             errors.append(f"groups: no group with slug '{slug}'.")
             continue
+        if group is not None and slug != group:
+            # Its figures are not in the answer, and no change to it moves a figure of the
+            # replayed group (rules pick the group first): taken without a word, it read as "no
+            # change" to a proposal that was never looked at.
+            errors.append(
+                f"groups.{slug}: the replay covers group '{group}' only; leave 'group' out to replay every group."
+            )
+            continue
         _apply_group(groups[slug], spec, f"groups.{slug}", errors)
     rules: list[RuleSpec] | None = None
     if "rules" in config:

@@ -3,10 +3,14 @@ both read only."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from django.db import connection
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.exceptions import Throttled
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -23,6 +27,27 @@ from .views import COMMON_ERRORS, VALIDATION_ERROR
 # decision's explanation is read). 10,000 stays within a few seconds and well inside
 # gunicorn's 30 s timeout and a load balancer's. Larger windows: manage.py replay_routing.
 MAX_REPLAY_TURNS = 10_000
+
+
+@contextmanager
+def one_replay_at_a_time() -> Iterator[None]:
+    """A replay holds a web process's CPU for seconds: eight at once held intake's answers at
+    half a second to nearly two (SPEC 9's p99 is 60 ms). One runs at a time across the web
+    processes (a PostgreSQL session lock, let go with the connection if the process dies); another
+    asked meanwhile is a 429 to retry. The embedded default (SQLite) is one machine's demo."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtextextended('leads.replay', 0))")
+        (held,) = cursor.fetchone()
+    if not held:
+        raise Throttled(wait=5, detail="Another replay is running (one at a time); retry when it ends.")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(hashtextextended('leads.replay', 0))")
 
 
 class SimulateCandidateSerializer(serializers.Serializer):
@@ -174,13 +199,14 @@ class ReplayView(APIView):
             raise serializers.ValidationError(_with_configuration_errors(dict(incoming.errors), request.data))
         data = incoming.validated_data
         try:
-            result = routing_replay(
-                since=data["since"],
-                until=data["until"],
-                group=data.get("group"),
-                config=data.get("config"),
-                max_turns=MAX_REPLAY_TURNS,
-            )
+            with one_replay_at_a_time():
+                result = routing_replay(
+                    since=data["since"],
+                    until=data["until"],
+                    group=data.get("group"),
+                    config=data.get("config"),
+                    max_turns=MAX_REPLAY_TURNS,
+                )
         except ReplayError as exc:
             raise serializers.ValidationError(exc.errors) from None
         return Response(result)

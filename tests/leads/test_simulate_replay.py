@@ -831,3 +831,71 @@ def test_replay_over_too_many_decisions_is_refused_by_the_api(api, make_group, m
         format="json",
     )
     assert r.status_code == 400 and "more than 2 routing decisions" in r.json()["since"][0]
+
+
+def test_a_replay_of_one_group_refuses_a_proposal_for_another(api, make_group):
+    """Its figures are not in the answer: taken without a word, the proposal read as "no
+    change" though it was never looked at."""
+    make_group(1, slug="pool")
+    make_group(1, slug="other")
+    now = timezone.now()
+    payload = {"since": (now - timedelta(hours=1)).isoformat(), "until": now.isoformat(), "group": "pool"}
+    proposal = {"groups": {"other": {"strategy": "weighted"}}}
+    r = api.post("/api/v1/routing/replay/", {**payload, "config": proposal}, format="json")
+    assert r.status_code == 400 and "groups.other: the replay covers group 'pool' only" in r.json()["config"][0]
+    # For the replayed group itself, or with no group named, it is taken.
+    own = {**payload, "config": {"groups": {"pool": {"strategy": "weighted"}}}}
+    every = {"since": payload["since"], "until": payload["until"], "config": proposal}
+    for body in [own, every]:
+        assert api.post("/api/v1/routing/replay/", body, format="json").status_code == 200
+
+
+@pytest.mark.postgres
+def test_one_replay_runs_at_a_time_another_is_a_429_to_retry(api, make_group):
+    """A replay holds a web process for seconds; eight at once held intake's answers at up to
+    two seconds. The one running holds the lock (here: another session, as another process)."""
+    import threading
+
+    from django.db import connections
+
+    make_group(1, slug="pool")
+    now = timezone.now()
+    body = {"since": (now - timedelta(hours=1)).isoformat(), "until": now.isoformat(), "group": "pool"}
+    taken, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def running_replay() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_lock(hashtextextended('leads.replay', 0))")
+                taken.set()
+                release.wait(30)
+                cursor.execute("SELECT pg_advisory_unlock(hashtextextended('leads.replay', 0))")
+        finally:
+            connections["default"].close()
+            done.set()
+
+    threading.Thread(target=running_replay).start()
+    assert taken.wait(10)
+    try:
+        r = api.post("/api/v1/routing/replay/", body, format="json")
+        assert r.status_code == 429 and r["Retry-After"] == "5", r.content
+        assert "Another replay is running" in r.json()["detail"]
+    finally:
+        release.set()
+        assert done.wait(10)
+    assert api.post("/api/v1/routing/replay/", body, format="json").status_code == 200
+    # And it let go of the lock (a session's lock is its own again: asked from another one).
+    free: list[bool] = []
+
+    def another_process() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_lock(hashtextextended('leads.replay', 0))")
+                free.append(cursor.fetchone()[0])
+        finally:
+            connections["default"].close()
+
+    checker = threading.Thread(target=another_process)
+    checker.start()
+    checker.join(10)
+    assert free == [True]
