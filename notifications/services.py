@@ -37,7 +37,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import Event, audit_record
 from rotation.models import Rep
-from routing_project import broker_breaker
+from routing_project import broker_breaker, metrics
 from routing_project.bulkdb import rows_insert
 from security import secret_rotation
 
@@ -454,10 +454,12 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
                 )
             else:
                 logger.info("delivery %s (%s) attempt %s failed: %s", d.id, d.channel, d.attempts, outcome)
+            _tried(d)
             return retry_in
         d.status, d.sent_at, d.last_error = Delivery.Status.SENT, timezone.now(), ""
         sent = ["attempts", "target", "last_attempt_at", "last_status_code", "status", "sent_at", "last_error"]
         d.save(update_fields=sent)
+        _tried(d)
         if held is not None and d.endpoint_id is not None:  # answering again: its held deliveries go at their next try
             WebhookEndpoint.objects.filter(pk=d.endpoint_id).update(unreachable_until=None)
         return None
@@ -485,7 +487,15 @@ def _held_attempt(d: Delivery, now: datetime, until: datetime) -> float | None:
         d.next_attempt_at = max(own, until)
         retry_in = (d.next_attempt_at - now).total_seconds()
     d.save(update_fields=["attempts", "last_attempt_at", "last_status_code", "last_error", "status", "next_attempt_at"])
+    _tried(d)
     return retry_in
+
+
+def _tried(d: Delivery) -> None:
+    """The try counted in /metrics once it is saved: sent, retry, or failed (given up)."""
+    outcome = {"sent": "sent", "failed": "failed"}.get(str(d.status), "retry")
+    channel = str(d.channel)
+    transaction.on_commit(lambda: metrics.delivery_tried(channel=channel, outcome=outcome))
 
 
 def endpoint_repointed(*, endpoint_id: int) -> list[int]:

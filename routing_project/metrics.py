@@ -96,6 +96,12 @@ ESCALATIONS = Counter(
     "leadrouter_escalations", "Escalations of unaccepted leads, by group and outcome.", ["group", "outcome"]
 )
 SLA_BREACHES = Counter("leadrouter_sla_breaches", "Assignments whose SLA passed before acceptance.", ["group"])
+DELIVERIES = Counter(
+    "leadrouter_deliveries",
+    "Notification delivery tries by channel (webhook, email) and outcome: sent, retry (failed, tried"
+    " again later), failed (the last attempt failed: given up).",
+    ["channel", "outcome"],
+)
 HTTP_SECONDS = Histogram(
     "leadrouter_http_request_duration_seconds",
     "HTTP requests by method, view (the URL pattern's name, never the raw path) and status.",
@@ -149,6 +155,12 @@ def rotation_lock_held(seconds: float) -> None:
     LOCK_HELD_SECONDS.observe(seconds)
 
 
+def delivery_tried(*, channel: str, outcome: str) -> None:
+    """A notification delivery was tried (or held: not sent, as its endpoint gave another no
+    answer). Call after commit."""
+    DELIVERIES.labels(channel, outcome).inc()
+
+
 def escalation_recorded(*, group: str | None, outcome: str) -> None:
     """An escalation happened (`outcome`: e.g. "reassigned" or "queued"). Call after commit."""
     ESCALATIONS.labels(_group(group), outcome).inc()
@@ -168,8 +180,9 @@ def http_request_observed(*, method: str, view: str, status: int, seconds: float
 
 
 class DatabaseGauges(Collector):
-    """Gauges read from the database at scrape time: the fallback queue's depth per group
-    and the assignments past their SLA right now (both served by indexes)."""
+    """Gauges read from the database at scrape time: the fallback queue's depth per group,
+    the assignments past their SLA right now and the deliveries pending (each served by an
+    index)."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily("leadrouter_metrics_database_up", "1 when the scrape-time database gauges were read.")
@@ -179,11 +192,17 @@ class DatabaseGauges(Collector):
             "Open assignments past their SLA due time and not accepted, by group.",
             labels=["group"],
         )
+        pending = GaugeMetricFamily(
+            "leadrouter_deliveries_pending",
+            "Notification deliveries not sent yet and not given up on, by channel (a receiver down grows it).",
+            labels=["channel"],
+        )
         try:
             from django.db.models import Count
             from django.utils import timezone
 
             from leads.models import Assignment, Lead, LeadStatus
+            from notifications.models import Delivery
             from rotation.models import Group
             from routing_project.health import check_database
 
@@ -219,6 +238,16 @@ class DatabaseGauges(Collector):
                 queue.add_metric([label], n)
             for slug, n in late.items():
                 overdue.add_metric([_group(slug)], n)
+            waiting = dict.fromkeys(Delivery.Channel.values, 0)
+            waiting.update(  # through delivery_pending_idx: the pending ones only
+                Delivery.objects.filter(status=Delivery.Status.PENDING)
+                .order_by()
+                .values_list("channel")
+                .annotate(n=Count("id"))
+                .values_list("channel", "n")
+            )
+            for channel, n in waiting.items():
+                pending.add_metric([channel], n)
             up.add_metric([], 1)
         except Exception:
             logger.warning("metrics: database gauges unavailable", exc_info=True)
@@ -228,6 +257,7 @@ class DatabaseGauges(Collector):
         yield up
         yield queue
         yield overdue
+        yield pending
 
 
 _database_registry = CollectorRegistry(auto_describe=False)

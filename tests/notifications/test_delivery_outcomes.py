@@ -265,3 +265,36 @@ def test_a_held_try_waits_for_its_own_backoff_or_the_hold_whichever_is_later(mak
     wait = services.delivery_attempt(delivery_id=second)
     assert wait is not None and 590 <= wait <= 600
     assert Delivery.objects.get(pk=second).next_attempt_at == hold
+
+
+def test_metrics_count_each_try_by_outcome_and_the_deliveries_pending(
+    make_group, settings, receiver, django_capture_on_commit_callbacks
+):
+    """A dead CRM receiver showed only in the admin's delivery log: /metrics now counts the
+    tries (sent, retry, failed) and the deliveries still pending, by channel."""
+    from tests.ops.test_metrics import scrape, value
+
+    settings.NOTIFY_REP_EMAIL = False
+    settings.NOTIFY_MAX_ATTEMPTS = 2
+    group, reps = make_group(1, slug="emea")
+    WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    receiver.statuses = [500, 500, 200]
+    before = scrape()
+    first, second = dispatched(group, reps[0], 7), dispatched(group, reps[0], 8)
+    assert value(scrape(), "leadrouter_deliveries_pending", channel="webhook") == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        services.delivery_attempt(delivery_id=first)  # 500: tried again later
+        Delivery.objects.filter(pk=first).update(next_attempt_at=timezone.now())  # its backoff over
+        services.delivery_attempt(delivery_id=first)  # 500 on its last attempt: given up
+        services.delivery_attempt(delivery_id=second)  # 200
+    after = scrape()
+
+    def tries(outcome: str) -> float:
+        name = "leadrouter_deliveries_total"
+        return value(after, name, channel="webhook", outcome=outcome) - value(
+            before, name, channel="webhook", outcome=outcome
+        )
+
+    assert (tries("retry"), tries("failed"), tries("sent")) == (1, 1, 1)
+    assert value(after, "leadrouter_deliveries_pending", channel="webhook") == 0
+    assert ("leadrouter_deliveries_pending", (("channel", "email"),)) in after  # 0, not missing
