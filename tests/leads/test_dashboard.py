@@ -168,9 +168,11 @@ def test_upload_imports_and_lists_bad_lines(admin_client, make_group):
     html = html_of(response)
     assert "3 rows: 2 imported (2 assigned, 0 queued)" in html
     assert "<td>3</td>" in html and "Enter a valid email address." in html
+    assert "Import id <code>import-" in html  # the events it wrote carry it
     assert Lead.objects.count() == 2
     again = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("leads.csv", body, "text/csv")})
     assert "2 already imported" in html_of(again) and Lead.objects.count() == 2
+    assert "Import id" not in html_of(again)  # it wrote no event to carry it
     bad = admin_client.post("/admin/lead-import/", {"file": SimpleUploadedFile("x.csv", b"colour\nred\n")})
     assert "unknown columns" in html_of(bad)
 

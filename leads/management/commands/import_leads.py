@@ -119,8 +119,8 @@ class Command(BaseCommand):
         total = scanned.rows
         bar = tqdm(
             total=total,
-            unit="lead",
-            unit_scale=False,  # whole leads (scaled, a small file read "0.00/2.00")
+            unit="row",  # every row read, a bad one too (the summary counts the leads)
+            unit_scale=False,  # whole rows (scaled, a small file read "0.00/2.00")
             disable=options["no_progress"],
             file=self.stderr._out,
         )
