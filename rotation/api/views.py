@@ -144,10 +144,11 @@ class MembershipViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
+    """A group's members, addressed by rep id: listed whole, in rotation order (a group's
+    members are few, and read as the rotation they make)."""
+
     # SPEC's contract updates with PATCH; a PUT would have to resend fields it cannot change.
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
-    """A group's members, addressed by rep id."""
-
     serializer_class = MembershipSerializer
     required_scope = "manage"
     lookup_field = "rep_id"
