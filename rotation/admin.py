@@ -29,7 +29,7 @@ from .domains import domain_unicode
 from .eligibility import reason_in_words
 from .models import Absence, Account, Group, Membership, Rep, RoutingRule, is_timezone
 from .rules import LEAD_FIELDS
-from .services import MAX_POSITION, MAX_PRIORITY, given_position_refused
+from .services import MAX_POSITION, MAX_PRIORITY, POSITION_TOO_HIGH, given_position_refused
 
 
 def admin_actor(request: HttpRequest) -> str:
@@ -84,6 +84,7 @@ class MembershipForm(EditedFieldsForm):
         min_value=0,
         max_value=MAX_POSITION,  # given: up to MAX_GIVEN_POSITION (clean_position), as the API
         help_text="Leave empty to append at the end of the rotation.",
+        error_messages={"max_value": POSITION_TOO_HIGH},  # one bound said, whatever was typed
     )
 
     class Meta:

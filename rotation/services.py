@@ -126,10 +126,13 @@ def given_position_refused(position: int | None, current: int | None) -> str | N
     that sends it back unchanged (an admin page validates every row, changed or not)."""
     if position is None or position <= MAX_GIVEN_POSITION or position == current:
         return None
-    return (
-        f"Ensure this value is less than or equal to {MAX_GIVEN_POSITION} "
-        "(the positions above it are for the members appended after)."
-    )
+    return POSITION_TOO_HIGH
+
+
+POSITION_TOO_HIGH = (
+    f"Ensure this value is less than or equal to {MAX_GIVEN_POSITION} "
+    "(the positions above it are for the members appended after)."
+)
 
 
 # The highest rule priority the API and the admin take.

@@ -15,7 +15,7 @@ from rotation.models import (
     rep_email_taken,
     validate_one_line,
 )
-from rotation.services import MAX_POSITION, given_position_refused
+from rotation.services import MAX_POSITION, POSITION_TOO_HIGH, given_position_refused
 from routing_project.api import DecimalField, RejectUnknownFieldsMixin, ascii_email
 
 
@@ -127,7 +127,15 @@ class MembershipSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer
     name = serializers.CharField(source="rep.name", read_only=True)
     # Left out or null: appended (the admin's empty position too).
     # Up to MAX_GIVEN_POSITION when given (services.given_position_refused).
-    position = serializers.IntegerField(min_value=0, max_value=MAX_POSITION, required=False, allow_null=True)
+    # Past MAX_POSITION too (the field's bound, for an appended member's own sent back), the
+    # message says the bound a given position has: one value, whatever was sent.
+    position = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_POSITION,
+        required=False,
+        allow_null=True,
+        error_messages={"max_value": POSITION_TOO_HIGH},
+    )
     weight = serializers.IntegerField(min_value=1, max_value=1000, required=False)
     max_open = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)
     max_per_day = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False, allow_null=True)

@@ -437,6 +437,10 @@ def test_a_member_given_the_highest_position_still_lets_joiners_be_appended(api,
     group, (a,) = make_group(1, slug="pool")
     r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": MAX_GIVEN_POSITION + 1}, format="json")
     assert r.status_code == 400 and "100000" in r.json()["position"][0], r.content
+    # One bound said, whatever was sent: past the column's bound too (it said 1000000 there).
+    for position in [MAX_POSITION, MAX_POSITION + 1, 2**31]:
+        again = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": position}, format="json")
+        assert again.status_code == 400 and again.json() == r.json(), again.content
     r = api.patch(f"/api/v1/groups/pool/members/{a.id}/", {"position": MAX_GIVEN_POSITION}, format="json")
     assert r.status_code == 200, r.content
     b = RepFactory()
