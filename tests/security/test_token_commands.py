@@ -2,6 +2,8 @@
 runs and which replaces the demo token each time) are audited as the admin's are: creating
 or deleting a token writes a `client.changed` event naming who did it, never the token."""
 
+import copy
+import json
 import re
 from io import StringIO
 
@@ -98,3 +100,32 @@ def test_seed_demo_prints_a_curl_with_an_address_of_its_own_each_run():
         printed.append(email)
     assert printed[0] != printed[1]
     assert all(e.endswith("@acme.example") for e in printed)
+
+
+@pytest.mark.django_db
+def test_seed_demo_prints_one_json_object_under_log_format_json(settings, client):
+    # `make run` under LOG_FORMAT=json: its start block was text lines among the JSON ones.
+    logging = copy.deepcopy(settings.LOGGING)
+    logging["handlers"]["console"]["formatter"] = "json"
+    settings.LOGGING = logging
+    out = StringIO()
+    call_command("seed_demo", "--admin-password", "json-pw-123", "--base-url", "http://h:8123", stdout=out)
+    (line,) = out.getvalue().splitlines()
+    start = json.loads(line)
+    assert (start["level"], start["logger"], start["message"]) == ("INFO", "seed_demo", "Demo data loaded.")
+    assert (start["admin_url"], start["admin_login"], start["admin_password"]) == (
+        "http://h:8123/admin/",
+        "admin",
+        "json-pw-123",
+    )
+    assert f"Bearer {start['token']}" in start["curl"] and "@acme.example" in start["curl"]
+    # The token printed is the demo client's, and works.
+    answer = client.get("/api/v1/groups/", HTTP_AUTHORIZATION=f"Bearer {start['token']}")
+    assert answer.status_code == 200
+
+    logging = copy.deepcopy(logging)
+    logging["handlers"]["console"]["formatter"] = "plain"
+    settings.LOGGING = logging
+    out = StringIO()
+    call_command("seed_demo", "--admin-password", "json-pw-123", stdout=out)
+    assert "Post a lead:\n  curl -sS -X POST" in out.getvalue()

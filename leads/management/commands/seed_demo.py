@@ -1,6 +1,9 @@
+import json
 import secrets
+from datetime import UTC, datetime
 from decimal import Decimal
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
@@ -98,16 +101,36 @@ class Command(BaseCommand):
             client, token = api_client_create(name="demo", scopes=["intake", "read", "manage"])
             api_client_audit_created(client=client, actor=ACTOR)
 
+        # An address of its own each run: the data are kept from one `make run` to the next,
+        # and the same address again is a duplicate of the open lead (200, not a new lead).
+        email = f"jane.{secrets.token_hex(3)}@acme.example"
+        curl = (
+            f"curl -sS -X POST {base_url}/api/v1/leads/ -H 'Authorization: Bearer {token}' "
+            "-H 'Content-Type: application/json' "
+            f'-d \'{{"email": "{email}", "first_name": "Jane", "company": "Acme", "country": "FR"}}\''
+        )
+        if settings.LOGGING["handlers"]["console"]["formatter"] == "json":
+            # One JSON object, as every other line of `make run` under LOG_FORMAT=json: a log
+            # shipper reading the output takes every line. Written as it is, not through logging,
+            # whose redaction would blank the curl's example address.
+            line = {
+                "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "level": "INFO",
+                "logger": "seed_demo",
+                "message": "Demo data loaded.",
+                "admin_url": f"{base_url}/admin/",
+                "admin_login": "admin",
+                "admin_password": password,
+                "token": token,
+                "token_scopes": ["intake", "read", "manage"],
+                "docs_url": f"{base_url}/api/docs/",
+                "curl": curl,
+            }
+            self.stdout.write(json.dumps(line))
+            return
         self.stdout.write(self.style.SUCCESS("Demo data loaded."))
         self.stdout.write(f"Admin:  {base_url}/admin/  login admin / {password}")
         self.stdout.write(f"Token:  {token}  (scopes intake, read, manage)")
         self.stdout.write(f"Docs:   {base_url}/api/docs/")
         self.stdout.write("Post a lead:")
-        # An address of its own each run: the data are kept from one `make run` to the next,
-        # and the same address again is a duplicate of the open lead (200, not a new lead).
-        email = f"jane.{secrets.token_hex(3)}@acme.example"
-        self.stdout.write(
-            f"  curl -sS -X POST {base_url}/api/v1/leads/ -H 'Authorization: Bearer {token}' "
-            "-H 'Content-Type: application/json' "
-            f'-d \'{{"email": "{email}", "first_name": "Jane", "company": "Acme", "country": "FR"}}\''
-        )
+        self.stdout.write(f"  {curl}")
