@@ -1,4 +1,5 @@
 import re
+from collections.abc import Collection
 from datetime import UTC
 from decimal import Decimal
 from zoneinfo import available_timezones
@@ -129,6 +130,13 @@ class Group(models.Model):
             problem = group_slug_taken_in_another_case(self.slug)
             if problem:
                 raise ValidationError({"slug": [problem]})
+
+    def validate_constraints(self, exclude: Collection[str] | None = None) -> None:
+        # The slug taken as it is: `unique=True` says so ("Group with this Slug already exists."),
+        # and the case-blind constraint said it again beside, by its name.
+        if self.slug and Group.objects.filter(slug=self.slug).exclude(pk=self.pk).exists():
+            exclude = {*(exclude or ()), "slug"}
+        super().validate_constraints(exclude)
 
 
 def group_slug_taken_in_another_case(slug: str) -> str | None:

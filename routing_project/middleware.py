@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from django.conf import settings
+from django.contrib import messages
 from django.core.exceptions import (
     DisallowedHost,
     ObjectDoesNotExist,
@@ -13,7 +14,7 @@ from django.core.exceptions import (
     SuspiciousOperation,
     TooManyFieldsSent,
 )
-from django.db import DataError, OperationalError
+from django.db import DataError, IntegrityError, OperationalError
 from django.http import (
     FileResponse,
     HttpRequest,
@@ -94,6 +95,20 @@ class AdminListGuardMiddleware:
                 status=404,
                 content_type="text/plain; charset=utf-8",
             )
+        if request.path.startswith("/admin/") and request.method == "POST" and isinstance(exception, IntegrityError):
+            # A row of the page collides with one saved by someone else since the page was read
+            # and its form checked (two tabs adding the same rep to a group, or giving two
+            # members one position): the whole save was rolled back. The page again, as it is
+            # now, with what happened, not a 500.
+            constraint = getattr(getattr(exception.__cause__, "diag", None), "constraint_name", None)
+            logging.getLogger(__name__).info("admin change refused: %s", constraint or "integrity error")
+            what = _CONFLICTS.get(constraint or "", "a row of this page collides with one saved")
+            messages.error(
+                request,
+                f"Nothing was saved: {what} by someone else since the page was read. Here it is as it is "
+                "now: make your changes again.",
+            )
+            return HttpResponseRedirect(request.get_full_path())
         # An action posted with a selection that names no row (the page never sends one).
         forged_selection = request.method == "POST" and "_selected_action" in request.POST
         if request.path.startswith("/admin/") and forged_selection and isinstance(exception, ValueError):
@@ -124,6 +139,16 @@ class DatabaseUnavailableMiddleware:
         )
         unavailable["Retry-After"] = "2"
         return unavailable
+
+
+# The unique constraints a change saved by someone else meanwhile can collide with, in words.
+_CONFLICTS = {
+    "one_membership_per_rep_and_group": "a rep added here was made a member of the group",
+    "unique_position_in_group": "a position given here was taken by another member",
+    "group_slug_unique_without_case": "a group with this slug was made",
+    "rep_email_unique_without_case": "a rep with this e-mail was made",
+    "one_default_group": "another group was made the default",
+}
 
 
 def _is_lock_timeout(exception: Exception) -> bool:

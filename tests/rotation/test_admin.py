@@ -821,6 +821,51 @@ def test_members_swapping_positions_on_the_page_is_no_conflict(staff, make_group
     assert positions == {a.pk: mb.position, b.pk: ma.position}
 
 
+# Committed: the unique position is checked at commit (deferred, so that members swap places).
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "race",
+    # SQLite has no deferred unique constraint: Django leaves the position's out there.
+    ["same_rep_added", pytest.param("position_taken_by_a_row_of_the_page", marks=pytest.mark.postgres)],
+)
+def test_a_group_page_colliding_with_a_change_saved_since_is_refused_and_said(staff, make_group, race):
+    """Two tabs of one group: one adds a rep (or moves a member to position 7) and saves; the
+    other, read before, adds the same rep (or moves another member to 7). Its form checks the
+    rows of its own page, which pass; the save then hit the unique constraint: a 500 page."""
+    group, (a, b) = make_group(2, slug="emea")
+    members = list(Membership.objects.filter(group=group).order_by("position"))
+    data = form_of(staff.get(f"/admin/rotation/group/{group.pk}/change/"))  # the page as read
+    if race == "same_rep_added":
+        newcomer = RepFactory()
+        services.membership_add(group=group, rep=newcomer, actor="test")  # the other tab
+        data["memberships-TOTAL_FORMS"] = ["3"]
+        row = {"rep": newcomer.pk, "group": group.pk, "position": "", "weight": 1, "active": "on"}
+        data.update({f"memberships-2-{k}": [str(v)] for k, v in row.items()})
+        expected = "a rep added here was made a member of the group"
+    else:
+        services.membership_update(membership=_with(members[0], position=7), actor="test", changed=["position"])
+        data["memberships-1-position"] = ["7"]
+        expected = "a position given here was taken by another member"
+    data["name"] = ["Renamed on the late tab"]
+    before = dict(Membership.objects.filter(group=group).values_list("rep_id", "position"))
+    r = staff.post(f"/admin/rotation/group/{group.pk}/change/", data)
+    assert r.status_code == 302 and r["Location"] == f"/admin/rotation/group/{group.pk}/change/"
+    # Nothing of the late page half-saved: not its rows, not the group's own fields.
+    assert dict(Membership.objects.filter(group=group).values_list("rep_id", "position")) == before
+    assert Group.objects.get(pk=group.pk).name == group.name
+    page = staff.get(r["Location"]).content.decode()
+    if connection.vendor == "postgresql":  # SQLite's error names no constraint
+        assert f"Nothing was saved: {expected} by someone else since the page was read." in page
+    else:
+        assert "Nothing was saved:" in page
+
+
+def _with(membership: Membership, **fields) -> Membership:
+    for name, value in fields.items():
+        setattr(membership, name, value)
+    return membership
+
+
 def test_a_save_of_a_group_page_holding_a_member_removed_since_is_refused_and_said(staff, make_group):
     """Another sales ops removed a member while this page was open: its row's hidden id no
     longer names a member. The page said "Please correct the error below." and showed no error
@@ -1193,3 +1238,11 @@ def test_unticking_the_last_default_group_says_where_the_leads_no_rule_matches_g
     data.update(inline_management("memberships", 0, 0))
     r = staff.post(f"/admin/rotation/group/{other.pk}/change/", data, follow=True)
     assert not any("No group is the default" in str(m) for m in r.context["messages"])
+
+
+def test_a_slug_taken_as_it_is_is_said_once_on_the_add_page(staff, make_group):
+    # The case-blind constraint said it again beside unique's message, by its own name.
+    make_group(1, slug="emea")
+    page = staff.post("/admin/rotation/group/add/", group_form(slug="emea", name="Another")).content.decode()
+    assert "Group with this Slug already exists." in page
+    assert "group_slug_unique_without_case" not in page and "is violated" not in page
