@@ -1,4 +1,5 @@
 import json
+import re
 from typing import Any
 
 from django.apps import apps
@@ -24,6 +25,9 @@ def _rep_names(ids: set[int]) -> dict[int, str]:
 def _group_ids(slugs: set[str]) -> dict[str, int]:
     group_model = apps.get_model("rotation", "Group")
     return dict(group_model.objects.filter(slug__in=slugs).values_list("slug", "pk")) if slugs else {}
+
+
+_IMPORT_ID = re.compile(r"import-[0-9a-f]{12}")  # leads.bulk.new_import_id
 
 
 def _an_id(value: str) -> bool:
@@ -79,7 +83,11 @@ class AuditEventAdmin(admin.ModelAdmin):
     list_display = ("id", "when", "type", "summary", "lead", "group_link", "rep", "actor")
     # Dates by range rather than a date hierarchy, whose drill-down reads every event's date.
     list_filter = ("type", QueueEntryFilter, GroupFilter, ("at", DateFilter))
-    search_fields = ("actor", "request_id")  # and a number: a lead or rep id (get_search_results)
+    search_fields = ("actor", "request_id")  # and ids, imports and rep names (get_search_results)
+    search_help_text = (
+        "A lead's or a rep's id (20 or #20: the events of either), an import id (import-…), a rep's name, "
+        "an actor (admin:…, api:…, system:…) or a request id."
+    )
     paginator = EstimatedCountPaginator
     # "Show counts" would count each filter choice over the whole trail, in one full scan.
     show_facets = admin.ShowFacets.NEVER
@@ -111,9 +119,20 @@ class AuditEventAdmin(admin.ModelAdmin):
         """A number is a lead or a rep id, looked up through their indexes: Django's "=lead_id"
         search compares the ids as text, which reads the whole trail (seconds on a large one)."""
         term = search_term.strip()
-        if _an_id(term):
-            return queryset.filter(Q(lead_id=int(term)) | Q(rep_id=int(term))), False
-        return super().get_search_results(request, queryset, search_term)
+        number = term.removeprefix("#")  # as the queue and the leads list take "#41"
+        if _an_id(number):
+            return queryset.filter(Q(lead_id=int(number)) | Q(rep_id=int(number))), False
+        if _IMPORT_ID.fullmatch(term):
+            # The id an import report gives: in the explanation of each event the import wrote
+            # (its request id too when run from the command line, not from the admin's upload).
+            return queryset.filter(Q(explanation__import=term) | Q(request_id=term)), False
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        if term:
+            # A rep's name: the events of the reps it names (their ids, read from the rep table).
+            rep_model = apps.get_model("rotation", "Rep")
+            reps = rep_model.objects.filter(name__icontains=term).values_list("pk", flat=True)[:100]
+            found = found | queryset.filter(rep_id__in=list(reps))
+        return found, may_have_duplicates
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         """The trail of one lead or one rep (the links from their pages) says whose it is, and

@@ -98,3 +98,40 @@ def test_the_queue_filter_lists_every_way_a_lead_entered_the_queue(manager, api,
         (rerouted["id"], "Lead Rerouted"),
     ]
     assert "Leads entering it" in page
+
+
+def _result_ids(page: str) -> set[int]:
+    return {int(n) for n in re.findall(r'<th class="field-id"><a href="/admin/audit/auditevent/(\d+)/change/', page)}
+
+
+def test_the_trail_is_searched_by_lead_id_as_written_by_import_id_and_by_rep_name(
+    manager, api, make_group, tmp_path, client
+):
+    """ "#20" found nothing (the queue and the leads list take it); the import id an import
+    report gives found nothing; a rep's name found nothing."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    group, (ada, bob) = make_group(2, slug="emea")
+    ada.name, bob.name = "Ada Lovelace", "Bob Stone"
+    ada.save(), bob.save()
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    csv = tmp_path / "leads.csv"
+    csv.write_text("email,group,external_id\na@x.example,emea,x-1\nb@x.example,emea,x-2\n")
+    out = StringIO()
+    call_command("import_leads", str(csv), stdout=out, stderr=StringIO())
+    (import_id,) = re.findall(r"import id (import-[0-9a-f]{12})", out.getvalue())
+
+    def found(term: str) -> set[int]:
+        return _result_ids(manager.get("/admin/audit/auditevent/", {"q": term}).content.decode())
+
+    by_lead = set(AuditEvent.objects.filter(lead_id=lead_id).values_list("pk", flat=True))
+    assert by_lead and found(f"#{lead_id}") >= by_lead and found(f" #{lead_id} ") == found(str(lead_id))
+    imported = set(AuditEvent.objects.filter(explanation__import=import_id).values_list("pk", flat=True))
+    assert len(imported) >= 4 and found(import_id) == imported  # 2 received, 2 assigned
+    of_ada = set(AuditEvent.objects.filter(rep_id=ada.pk).values_list("pk", flat=True))
+    assert of_ada and found("lovelace") == of_ada
+    assert found("no such rep or actor") == set()
+    page = manager.get("/admin/audit/auditevent/").content.decode()
+    assert "an import id (import-…)" in page  # the box says what it takes
