@@ -23,7 +23,7 @@ from django.utils.html import format_html
 
 from audit.models import AuditEvent
 from rotation.eligibility import eligibility, reason_in_words
-from rotation.models import Group, Rep
+from rotation.models import Group, Rep, validate_one_line
 
 from . import actions, routing
 from .models import Lead, LeadStatus, QueuedLead
@@ -48,7 +48,8 @@ class RepChoiceField(forms.ModelChoiceField):
 
 class AssignForm(forms.Form):
     rep = RepChoiceField(queryset=Rep.objects.filter(active=True).order_by("name", "id"), label="Assign to")
-    reason = forms.CharField(max_length=500, help_text="Why, for the audit trail.")
+    # One line of what it says in the audit trail: no characters that reorder or hide text.
+    reason = forms.CharField(max_length=500, help_text="Why, for the audit trail.", validators=[validate_one_line])
 
     def __init__(self, *args: Any, group: Group | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

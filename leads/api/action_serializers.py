@@ -9,7 +9,7 @@ from django.core.validators import ProhibitNullCharactersValidator
 from rest_framework import serializers
 
 from leads.models import Lead
-from rotation.models import Rep
+from rotation.models import Rep, validate_one_line
 from routing_project.api import ascii_email
 
 from .serializers import AttributesField, LeadInSerializer, LeadSerializer, OptionalTextField, StrictSerializer
@@ -43,10 +43,11 @@ class ReassignSerializer(StrictSerializer):
         return value
 
     def validate_reason(self, value: str) -> str:
-        ProhibitNullCharactersValidator()(value)
         value = value.strip()
         if not value:
             raise serializers.ValidationError("A reason is required.")
+        # Read in the audit trail as one line of what it says: no characters that reorder it.
+        validate_one_line(value)
         return value
 
 

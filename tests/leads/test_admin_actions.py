@@ -940,3 +940,18 @@ def test_route_again_asks_before_it_takes_leads_from_their_reps_naming_the_accep
     Membership.objects.filter(group=group).update(active=True)
     r = manager.post("/admin/leads/lead/", {"action": "reroute", "_selected_action": [queued["id"]]}, follow=True)
     assert "1 lead routed again." in r.content.decode() and Lead.objects.get(pk=queued["id"]).status == "assigned"
+
+
+def test_a_reason_that_would_reorder_the_audit_trail_is_refused(api, make_group, manager):
+    """A reason holding U+202E (right-to-left override) rendered the event's sentence backwards
+    in the audit trail; names and pause reasons already refused it."""
+    group, reps = make_group(2, slug="emea")
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    r = manager.post(f"/admin/leads/lead/{lead_id}/reassign/", {"rep": reps[1].id, "reason": "late \u202egnorw"})
+    assert r.status_code == 200 and "U+202E at character 6" in r.content.decode()
+    r = api.post(f"/api/v1/leads/{lead_id}/reassign/", {"rep": reps[1].id, "reason": "late\u2066x"}, format="json")
+    assert r.status_code == 400 and "U+2066" in r.json()["reason"][0], r.content
+    assert Lead.objects.get(pk=lead_id).owner_id == reps[0].id
+    assert not AuditEvent.objects.filter(type="lead.reassigned").exists()
+    r = api.post(f"/api/v1/leads/{lead_id}/reassign/", {"rep": reps[1].id, "reason": " cover \u200f"}, format="json")
+    assert r.status_code == 200, r.content  # a right-to-left mark a script needs stays
