@@ -135,12 +135,12 @@ class HookView(APIView):
                 source=intake_source, header=request.headers.get("X-Signature", ""), body=body
             )
         except services.SignatureError as exc:
-            if rate_limit_count(key=failures_key) >= limit:
+            if rate_limit_count(key=failures_key, held_when_down=True) >= limit:
                 raise exceptions.Throttled(
                     wait=60 - int(time.time()) % 60, detail="Too many requests with a bad signature from this address."
                 ) from None
             logger.warning("hook rejected: source=%s reason=%s", intake_source.slug, exc)
-            rate_limit_hit(key=failures_key, limit=limit)
+            rate_limit_hit(key=failures_key, limit=limit, held_when_down=True)
             raise exceptions.AuthenticationFailed(str(exc)) from None
         if services.hook_replayed(source=intake_source, signature=signature):
             # A genuine signature seen before: a replay, refused before the source's limit

@@ -10,6 +10,7 @@ gets a handful of tries per quarter hour.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -39,12 +40,16 @@ def _keys(username: str, request: HttpRequest | None) -> tuple[str, str]:
     return f"login:user:{who}", f"login:addr:{_address(request)}"
 
 
-def login_locked(*, username: str, request: HttpRequest | None) -> bool:
+def login_locked(*, username: str, request: HttpRequest | None) -> str | None:
+    """Which lock refuses this login now: "address" (every login from it), "user" (this
+    username from it), or None."""
     user_key, addr_key = _keys(username, request)
-    return (
-        rate_limit_count(key=user_key, window_s=WINDOW_S) >= settings.LOGIN_FAILURES_PER_USER
-        or rate_limit_count(key=addr_key, window_s=WINDOW_S) >= settings.LOGIN_FAILURES_PER_ADDRESS
-    )
+    count = functools.partial(rate_limit_count, window_s=WINDOW_S, held_when_down=True)
+    if count(key=addr_key) >= settings.LOGIN_FAILURES_PER_ADDRESS:
+        return "address"
+    if count(key=user_key) >= settings.LOGIN_FAILURES_PER_USER:
+        return "user"
+    return None
 
 
 class ThrottledModelBackend(ModelBackend):
@@ -58,11 +63,14 @@ class ThrottledModelBackend(ModelBackend):
         # The attempt takes its place in the counts before the (slow) password check: checked
         # first and counted after it failed, a burst of guesses all passed the check.
         user_key, addr_key = _keys(username, request)
-        within_user = rate_limit_hit(key=user_key, limit=settings.LOGIN_FAILURES_PER_USER, window_s=WINDOW_S).allowed
-        within_addr = rate_limit_hit(key=addr_key, limit=settings.LOGIN_FAILURES_PER_ADDRESS, window_s=WINDOW_S).allowed
+        # Counted in this process's memory while Redis is down (a budget per web process), not
+        # failing open as the intake limits do: guesses are what this stops.
+        hit = functools.partial(rate_limit_hit, window_s=WINDOW_S, held_when_down=True)
+        within_user = hit(key=user_key, limit=settings.LOGIN_FAILURES_PER_USER).allowed
+        within_addr = hit(key=addr_key, limit=settings.LOGIN_FAILURES_PER_ADDRESS).allowed
         if not (within_user and within_addr):
-            if request is not None:
-                request.login_throttled = True  # type: ignore[attr-defined]  # the form says so
+            if request is not None:  # the form says so, and which lock
+                request.login_throttled = "user" if within_addr else "address"  # type: ignore[attr-defined]
             # PermissionDenied stops authenticate() here: no other backend gets to try.
             raise PermissionDenied("Too many failed logins; try again later.")
         user = super().authenticate(request, username=username, password=password, **kwargs)
@@ -79,21 +87,27 @@ class ThrottledAdminAuthenticationForm(AdminAuthenticationForm):
 
     error_messages = {
         **AdminAuthenticationForm.error_messages,
-        "locked": "Too many failed logins: logins from your address are refused for up to "
+        # Which lock, said as it is: the username's lock leaves the address's other logins.
+        "locked_user": "Too many failed logins for this username from your address: it is refused here for up to "
+        "%(minutes)d minutes. Try again later.",
+        "locked_address": "Too many failed logins from your address: every login from it is refused for up to "
         "%(minutes)d minutes. Try again later.",
     }
 
+    def _locked(self, which: str) -> forms.ValidationError:
+        code = f"locked_{which}"
+        return forms.ValidationError(self.error_messages[code], code=code, params={"minutes": WINDOW_S // 60})
+
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username")
-        locked = forms.ValidationError(self.error_messages["locked"], code="locked", params={"minutes": WINDOW_S // 60})
-        if username and login_locked(username=username, request=self.request):
-            raise locked
+        if username and (which := login_locked(username=username, request=self.request)):
+            raise self._locked(which)
         try:
             return super().clean()
         except forms.ValidationError:
             # Refused by the backend: the limit was reached meanwhile (guesses sent together).
-            if getattr(self.request, "login_throttled", False):
-                raise locked from None
+            if which := getattr(self.request, "login_throttled", None):
+                raise self._locked(which) from None
             raise
 
 

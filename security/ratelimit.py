@@ -5,13 +5,17 @@ in Redis (`REDIS_URL`). Without Redis (the embedded default, one machine) they l
 cache, which is then diskcache's (`var/cache`, settings): its increments are atomic across
 processes, so every web process `make run` starts counts against one budget (in each
 process's memory, a client got through once per process). When the store is unreachable the
-limit fails open, with one warning at most every few seconds: intake must keep working.
+limit fails open, with one warning at most every few seconds: intake must keep working. The
+limits against guessing (the admin's login throttle, bad web-form signatures) are asked with
+`held_when_down`: they are then counted in the process's own memory meanwhile, a budget per
+web process rather than none.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +47,24 @@ class _RedisState:
 
 _state = _RedisState()
 
+# The counts of `held_when_down` limits while the store is unreachable: full key (its window's
+# number in it) -> (hits, when the key is over, time.time()).
+_local: dict[str, tuple[int, float]] = {}
+_local_lock = threading.Lock()
+
+
+def _local_hit(full_key: str, window_s: int, delta: int = 1) -> int:
+    now = time.time()
+    with _local_lock:
+        if len(_local) > 10_000:
+            for key in [k for k, (_, over) in _local.items() if over < now]:
+                del _local[key]
+            if len(_local) > 100_000:  # that many live keys: memory before counting
+                _local.clear()
+        count = max(0, _local.get(full_key, (0, 0.0))[0] + delta)
+        _local[full_key] = (count, now + window_s + 1)
+        return count
+
 
 def _redis() -> Any:
     url = getattr(settings, "RATE_LIMIT_REDIS_URL", "") or settings.REDIS_URL
@@ -70,24 +92,29 @@ def _fail_open(limit: int, exc: Exception) -> Verdict:
     return Verdict(True, 0, limit, 0)
 
 
-def rate_limit_hit(*, key: str, limit: int, window_s: int = 60) -> Verdict:
-    """Counts one hit on `key` in the current window and says whether it is within `limit`."""
+def rate_limit_hit(*, key: str, limit: int, window_s: int = 60, held_when_down: bool = False) -> Verdict:
+    """Counts one hit on `key` in the current window and says whether it is within `limit`.
+    `held_when_down`: counted in this process's memory while the store is unreachable."""
     now = time.time()
     window = int(now // window_s)
     retry_after = max(1, math.ceil((window + 1) * window_s - now))
     full_key = f"{_prefix()}:{key}:{window}"
     client = _redis()
     if client is not None:
-        if time.monotonic() < _state.down_until:
-            return Verdict(True, 0, limit, 0)
-        try:
-            count = int(client.incr(full_key))
-            if count == 1:
-                # Once per key: the window is in the key, so the expiry only tidies (a key left
-                # without one by a crash in between counts for no later window).
-                client.expire(full_key, window_s + 1)
-        except Exception as exc:  # any Redis failure: fail open, intake keeps working
-            return _fail_open(limit, exc)
+        count: int | None = None
+        if time.monotonic() >= _state.down_until:  # else backing off: no connect timeout per request
+            try:
+                count = int(client.incr(full_key))
+                if count == 1:
+                    # Once per key: the window is in the key, so the expiry only tidies (a key
+                    # left without one by a crash in between counts for no later window).
+                    client.expire(full_key, window_s + 1)
+            except Exception as exc:  # any Redis failure: fail open, intake keeps working
+                _fail_open(limit, exc)
+        if count is None:  # the store is unreachable
+            if not held_when_down:
+                return Verdict(True, 0, limit, 0)
+            count = _local_hit(full_key, window_s)
     else:
         cache.add(full_key, 0, timeout=window_s + 1)
         try:
@@ -99,13 +126,15 @@ def rate_limit_hit(*, key: str, limit: int, window_s: int = 60) -> Verdict:
     return Verdict(allowed, count, limit, 0 if allowed else retry_after)
 
 
-def rate_limit_count(*, key: str, window_s: int = 60) -> int:
-    """The hits counted on `key` in the current window (0 when the store is unavailable)."""
+def rate_limit_count(*, key: str, window_s: int = 60, held_when_down: bool = False) -> int:
+    """The hits counted on `key` in the current window (0 when the store is unavailable; with
+    `held_when_down`, those this process counted meanwhile)."""
     window = int(time.time() // window_s)
     full_key = f"{_prefix()}:{key}:{window}"
     client = _redis()
+    down = _local.get(full_key, (0, 0.0))[0] if held_when_down else 0
     if client is not None and time.monotonic() < _state.down_until:
-        return 0  # the same back-off as the hits: no per-request connect timeout while down
+        return down  # the same back-off as the hits: no per-request connect timeout while down
     try:
         if client is not None:
             value = client.get(full_key)
@@ -114,7 +143,7 @@ def rate_limit_count(*, key: str, window_s: int = 60) -> int:
     except Exception as exc:  # any store failure: fail open, and back off as a hit would
         if client is not None:
             _fail_open(0, exc)
-        return 0
+        return down
     return int(value or 0)
 
 
@@ -124,6 +153,8 @@ def rate_limit_undo(*, key: str, window_s: int = 60) -> None:
     window = int(time.time() // window_s)
     full_key = f"{_prefix()}:{key}:{window}"
     client = _redis()
+    if full_key in _local:  # counted here while the store was down
+        _local_hit(full_key, window_s, delta=-1)
     try:
         if client is not None:
             if time.monotonic() >= _state.down_until and int(client.get(full_key) or 0) > 0:
@@ -138,6 +169,8 @@ def rate_limit_reset(*, key: str, window_s: int = 60) -> None:
     window = int(time.time() // window_s)
     full_key = f"{_prefix()}:{key}:{window}"
     client = _redis()
+    with _local_lock:
+        _local.pop(full_key, None)
     try:
         if client is not None:
             client.delete(full_key)

@@ -1,6 +1,8 @@
 """Nobody changes or deletes an audit event: the database refuses (triggers, on PostgreSQL and
 on the embedded SQLite), the admin offers nothing, no role holds the permission."""
 
+import uuid
+
 import pytest
 from django.contrib.auth.models import Group, Permission, User
 from django.db import DatabaseError, connection, transaction
@@ -62,6 +64,24 @@ def test_truncate_is_rejected_by_postgresql(event):
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL leadrouter.allow_audit_truncate = off")
             cursor.execute("TRUNCATE audit_auditevent CASCADE")
+
+    assert "TRUNCATE rejected" in rejected(truncate)
+    assert AuditEvent.objects.filter(pk=event.pk).exists()
+
+
+@pytest.mark.postgres
+def test_the_suites_truncate_escape_is_the_tables_owners_alone(event):
+    # Any role may set a custom setting on its own session: a role granted TRUNCATE on the
+    # trail, not owning it, emptied it by setting the escape first.
+    role = f"audit_truncater_{uuid.uuid4().hex[:8]}"
+
+    def truncate():
+        with connection.cursor() as cursor:
+            cursor.execute(f"CREATE ROLE {role} NOLOGIN")  # rolled back with the test
+            cursor.execute(f"GRANT TRUNCATE, SELECT ON audit_auditevent TO {role}")
+            cursor.execute(f"SET LOCAL ROLE {role}")
+            cursor.execute("SET LOCAL leadrouter.allow_audit_truncate = on")
+            cursor.execute("TRUNCATE audit_auditevent")
 
     assert "TRUNCATE rejected" in rejected(truncate)
     assert AuditEvent.objects.filter(pk=event.pk).exists()

@@ -337,6 +337,39 @@ def test_admin_login_is_throttled_against_guessing(settings):
     assert login("the-right-password", addr="10.255.255.254")
 
 
+def test_the_login_throttle_holds_while_redis_is_down_and_says_which_lock(settings):
+    """With Redis unreachable every guess was checked (the throttle failed open as the intake
+    limits do); and the page said "logins from your address are refused" when only this
+    username was locked there."""
+    from security import ratelimit
+
+    settings.RATE_LIMIT_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    settings.LOGIN_FAILURES_PER_USER, settings.LOGIN_FAILURES_PER_ADDRESS = 3, 5
+    ratelimit._state.down_until = 0.0
+    name, other = (f"ops-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    for user in (name, other):
+        User.objects.create_user(user, password="the-right-password", is_staff=True)
+    address = f"10.{random.randint(0, 255)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+
+    def login(password: str, user: str = name) -> str:
+        client = Client(REMOTE_ADDR=address)
+        page = client.post("/admin/login/?next=/admin/", {"username": user, "password": password})
+        return "in" if "_auth_user_id" in client.session else page.content.decode()
+
+    try:
+        assert all("correct username and password" in login("guess") for _ in range(3))
+        refused = login("the-right-password")
+        assert "Too many failed logins for this username from your address" in refused
+        assert login("the-right-password", user=other) == "in"  # the address is not locked
+        assert "correct username and password" in login("guess", user=other)
+        assert "correct username and password" in login("guess", user=other)
+        refused = login("the-right-password", user=other)  # 5 failures from the address
+        assert "every login from it is refused" in refused
+    finally:
+        ratelimit._state.down_until = ratelimit._state.last_warning = 0.0
+        ratelimit._local.clear()
+
+
 class CountingHasher(PBKDF2PasswordHasher):
     checked = 0
 

@@ -82,6 +82,24 @@ def test_redis_unreachable_fails_open_with_a_log_line(settings, caplog):
     assert len(warnings) == 1 and "not enforced" in warnings[0].getMessage()
 
 
+@pytest.mark.django_db
+def test_a_limit_against_guessing_is_held_in_the_process_while_redis_is_down(settings):
+    """The bad-signature limit of web-form intake (and the login throttle) count in the
+    process's memory while Redis is unreachable, where the intake limits fail open."""
+    settings.RATE_LIMIT_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    start_of_a_window(5)
+    try:
+        held = [ratelimit.rate_limit_hit(key="guess:1", limit=2, held_when_down=True).allowed for _ in range(3)]
+        assert held == [True, True, False]
+        assert ratelimit.rate_limit_count(key="guess:1", held_when_down=True) == 3
+        ratelimit.rate_limit_undo(key="guess:1")
+        assert ratelimit.rate_limit_count(key="guess:1", held_when_down=True) == 2
+        assert ratelimit.rate_limit_count(key="guess:1") == 0  # not asked held: fails open
+        assert all(ratelimit.rate_limit_hit(key="intake:1", limit=1).allowed for _ in range(3))
+    finally:
+        ratelimit._local.clear()
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_limit_holds_across_processes():
