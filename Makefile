@@ -35,7 +35,7 @@ run: install
 ## default (SQLite), but the browser tests and those that need PostgreSQL itself.
 test: install-dev
 	scripts/services.sh
-	scripts/chromium.sh
+	scripts/test-tools.sh
 	$(MAKE) lint types test-pg test-embedded
 
 lint:

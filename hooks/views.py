@@ -127,7 +127,7 @@ class HookView(APIView):
         body = request.body
         # An address sending bad signatures is cut off for the rest of the minute (429), so
         # guessing a secret gets no answer; a good signature is taken whatever its address
-        # sent before (behind a proxy, every form shares one).
+        # sent before (the client's address: behind proxies, read through TRUSTED_PROXY_COUNT).
         failures_key = f"hookfail:{request.META.get('REMOTE_ADDR') or '-'}"
         limit = settings.HOOK_SIGNATURE_FAILURES_PER_ADDRESS
         try:

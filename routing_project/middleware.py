@@ -27,6 +27,7 @@ from django.http import (
     UnreadablePostError,
 )
 from django.urls import Resolver404, is_valid_path, resolve
+from ipware import get_client_ip
 
 from . import configcache, metrics
 from .logging import request_id_var
@@ -48,6 +49,36 @@ class HeadWithoutBodyMiddleware:
             response["Content-Length"] = str(len(response.content))
             response.content = b""
         return response
+
+
+class ClientAddressMiddleware:
+    """Behind TRUSTED_PROXY_COUNT proxies, each appending the address it got the request from
+    to X-Forwarded-For, the client's address (REMOTE_ADDR, which the login throttle and the
+    bad-signature limit count by) is the one the farthest trusted proxy saw: read from the
+    header's end, so addresses a client wrote at its start count for nothing. Without it, every
+    request behind a load balancer had the balancer's address, and one client's failed logins
+    locked every login out. A request with fewer entries than proxies (one that reached the
+    server around them) keeps its connection's address."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        proxies = settings.TRUSTED_PROXY_COUNT
+        if proxies:
+            # python-ipware's count is of the proxies whose own addresses are in the header:
+            # all but the nearest one, whose address is the connection's.
+            # Not strict: entries a client wrote before the proxies' own are allowed, and skipped.
+            client, _ = get_client_ip(
+                request,
+                proxy_order="left-most",
+                proxy_count=proxies - 1,
+                request_header_order=["HTTP_X_FORWARDED_FOR"],
+                strict=False,
+            )
+            if client is not None:
+                request.META["REMOTE_ADDR"] = str(client)
+        return self.get_response(request)
 
 
 class AdminListGuardMiddleware:

@@ -131,6 +131,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "routing_project.middleware.HeadWithoutBodyMiddleware",
+    "routing_project.middleware.ClientAddressMiddleware",
     "routing_project.middleware.RequestIdMiddleware",
     "routing_project.middleware.AccessLogMiddleware",
     "routing_project.middleware.AllowedHostMiddleware",
@@ -570,6 +571,10 @@ HOOK_SIGNATURE_FAILURES_PER_ADDRESS = env.int("HOOK_SIGNATURE_FAILURES_PER_ADDRE
 LOGIN_FAILURES_PER_USER = env.int("LOGIN_FAILURES_PER_USER", default=5)
 LOGIN_FAILURES_PER_ADDRESS = env.int("LOGIN_FAILURES_PER_ADDRESS", default=50)
 AUTHENTICATION_BACKENDS = ["security.login.ThrottledModelBackend"]
+# The proxies in front of the web server (a load balancer, nginx), each adding the address it
+# got the request from to X-Forwarded-For: the client's address, which the limits above count
+# by, is read from that header then. 0: the connection's own address (nothing in front).
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0)
 
 # --- I18N, static ---------------------------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -646,6 +651,7 @@ LOGIN_REDIRECT_URL = "admin:index"
 # Each stops the start naming the setting: taken as they were, they showed only as symptoms.
 _require(INTAKE_BATCH_MAX >= 1, "INTAKE_BATCH_MAX", INTAKE_BATCH_MAX, "at least 1 (1 routes each lead alone)")
 _require(API_RATE_LIMIT_PER_MINUTE >= 1, "API_RATE_LIMIT_PER_MINUTE", API_RATE_LIMIT_PER_MINUTE, "at least 1")
+_require(TRUSTED_PROXY_COUNT >= 0, "TRUSTED_PROXY_COUNT", TRUSTED_PROXY_COUNT, "0 or more (0: nothing in front)")
 for _name in ("HOOK_SIGNATURE_FAILURES_PER_ADDRESS", "LOGIN_FAILURES_PER_USER", "LOGIN_FAILURES_PER_ADDRESS"):
     # 0 or less: every signed post, every login refused with a 429.
     _require(globals()[_name] >= 1, _name, globals()[_name], "at least 1")

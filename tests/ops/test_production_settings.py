@@ -233,6 +233,7 @@ def test_a_database_url_of_no_database_the_product_runs_on_is_refused_by_name(ur
         ("ESCALATION_TIMER_HORIZON_S", "0"),
         ("QUEUE_DRAIN_BATCH", "0"),
         ("LOGIN_FAILURES_PER_USER", "0"),  # every login refused
+        ("TRUSTED_PROXY_COUNT", "-1"),
         ("EMAIL_PORT", "70000"),
         ("DB_POOL_TIMEOUT", "0"),
         ("BROKER_RECONNECT_EVERY_S", "0"),  # a worker retrying its broker in a busy loop
