@@ -508,3 +508,24 @@ def test_a_reps_absences_say_they_are_in_the_reps_time_zone_not_the_servers(brow
         expect(page.get_by_text("server time")).to_have_count(0)
     finally:
         context.close()
+
+
+def test_a_groups_rotation_view_scrolls_on_a_narrow_window(browser, live: str):
+    """At 800 pixels the rotation view's table was cut at the page's edge with no way to reach
+    its columns past "Eligible now" (the form row hides what overflows)."""
+    group = GroupFactory(slug="north-america-enterprise", name="North America enterprise")
+    for name in ("Katherine Johnson-Goble", "Grace Hopper"):
+        services.membership_add(group=group, rep=RepFactory(name=name), actor="test")
+    user_in("Sales ops", "ops")
+    context = browser.new_context(viewport={"width": 800, "height": 900})
+    page = context.new_page()
+    try:
+        log_in(page, live, "ops")
+        page.goto(f"{live}/admin/rotation/group/{group.pk}/change/")
+        page.locator(".rotation-view").evaluate("view => { view.scrollLeft = view.scrollWidth; }")
+        last = page.locator(".rotation-view thead th").last
+        expect(last).to_have_text("Week share")
+        box = last.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 800, box
+    finally:
+        context.close()
