@@ -267,7 +267,17 @@ class GroupAdmin(RowsGoneAdminMixin, AuditedDeleteMixin, admin.ModelAdmin):
         return render_to_string("admin/rotation/rotation_view.html", context)
 
     def save_model(self, request: HttpRequest, obj: Group, form: Any, change: bool) -> None:
+        # The default it takes over from (the flag moves): said, or it changed without a word.
+        replaced = None
+        if obj.is_default and "is_default" in form.changed_data:
+            replaced = Group.objects.filter(is_default=True).exclude(pk=obj.pk).values_list("slug", flat=True).first()
         services.group_save(group=obj, actor=admin_actor(request), changed=form.changed_data)
+        if replaced:
+            self.message_user(
+                request,
+                f"The default group is now {obj.slug}, in place of {replaced}: the leads no rule matches go here.",
+                messages.INFO,
+            )
         if change and not obj.active and {"active", "is_default"} & set(form.changed_data):
             _warn_inactive_group_gets_leads(self, request, obj)
         if change and "is_default" in form.changed_data and not Group.objects.filter(is_default=True).exists():

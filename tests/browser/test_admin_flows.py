@@ -419,6 +419,8 @@ def test_sales_ops_move_the_default_group_in_one_save(page: Page, live: str):
     page.check("#id_is_default")
     page.click("input[name=_save]")
     expect(page.locator(".messagelist")).to_contain_text("was changed successfully")
+    # Said: it changed the old default too.
+    expect(page.locator(".messagelist")).to_contain_text("The default group is now europe, in place of global")
     assert list(Group.objects.filter(is_default=True).values_list("slug", flat=True)) == ["europe"]
     moved = AuditEvent.objects.filter(type="group.changed", group=old.slug, actor="admin:ops")
     assert [e.explanation["changes"] for e in moved] == [{"is_default": False}]
