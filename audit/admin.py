@@ -8,7 +8,8 @@ from django.db.models import Q
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import formats, timezone
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
+from django.utils.safestring import mark_safe
 
 from routing_project.admin_lists import DateRangeFilter, EstimatedCountPaginator, distinct_indexed_values
 
@@ -27,6 +28,7 @@ def _group_ids(slugs: set[str]) -> dict[str, int]:
     return dict(group_model.objects.filter(slug__in=slugs).values_list("slug", "pk")) if slugs else {}
 
 
+_NAME_MARK = re.compile("\ue000(\\d+)\ue001")  # AuditEventAdmin.summary
 _IMPORT_ID = re.compile(r"import-[0-9a-f]{12}")  # leads.bulk.new_import_id
 
 
@@ -215,14 +217,23 @@ class AuditEventAdmin(admin.ModelAdmin):
         name = self._names(obj).get(obj.rep_id)
         if not name:
             return f"#{obj.rep_id}"
+        # <bdi>: a right-to-left name keeps its id after it, in the page's direction.
         if not getattr(obj, "_link_reps", False):
-            return f"{name} (#{obj.rep_id})"
+            return format_html("<bdi>{}</bdi> (#{})", name, obj.rep_id)
         url = reverse("admin:rotation_rep_change", args=[obj.rep_id])
-        return format_html('<a href="{}">{}</a> (#{})', url, name, obj.rep_id)
+        return format_html('<a href="{}"><bdi>{}</bdi></a> (#{})', url, name, obj.rep_id)
 
     @admin.display(description="What happened")
     def summary(self, obj: AuditEvent) -> str:
-        return event_summary(type=obj.type, explanation=obj.explanation, rep_id=obj.rep_id, names=self._names(obj))
+        # Each rep's name isolated (<bdi>): a right-to-left name took the id after it into its
+        # own direction, and "محمد (#10)" read "(10#) محمد". The sentence is made with marks
+        # (private-use characters) where the names go, escaped, then the names put in.
+        names = self._names(obj)
+        marked = {rep: f"\ue000{rep}\ue001" for rep in names}
+        text = event_summary(type=obj.type, explanation=obj.explanation, rep_id=obj.rep_id, names=marked)
+        return mark_safe(  # noqa: S308 - escaped above, each name escaped by format_html
+            _NAME_MARK.sub(lambda m: format_html("<bdi>{}</bdi>", names[int(m.group(1))]), escape(text))
+        )
 
     @admin.display(description="Explanation")
     def pretty_explanation(self, obj: AuditEvent) -> str:

@@ -45,7 +45,7 @@ def test_an_event_links_its_group_and_rep_to_their_pages(manager, api, make_grou
     lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
     rep = reps[0]
     group_link = f'<a href="/admin/rotation/group/{group.pk}/change/">emea</a>'
-    rep_link = f'<a href="/admin/rotation/rep/{rep.pk}/change/">{rep.name}</a> (#{rep.pk})'
+    rep_link = f'<a href="/admin/rotation/rep/{rep.pk}/change/"><bdi>{rep.name}</bdi></a> (#{rep.pk})'
     page = manager.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
     assert group_link in page and rep_link in page, page
     event = AuditEvent.objects.get(lead_id=lead_id, type="lead.assigned")
@@ -66,7 +66,7 @@ def test_an_event_links_its_group_and_rep_to_their_pages(manager, api, make_grou
     client.force_login(reader)
     page = client.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
     assert group_link not in page and rep_link not in page
-    assert f"{rep.name} (#{rep.pk})" in page and ">emea</td>" in page
+    assert f"<bdi>{rep.name}</bdi> (#{rep.pk})" in page and ">emea</td>" in page
 
 
 def test_the_queue_filter_lists_every_way_a_lead_entered_the_queue(manager, api, make_group):
@@ -135,3 +135,15 @@ def test_the_trail_is_searched_by_lead_id_as_written_by_import_id_and_by_rep_nam
     assert found("no such rep or actor") == set()
     page = manager.get("/admin/audit/auditevent/").content.decode()
     assert "an import id (import-…)" in page  # the box says what it takes
+
+
+def test_a_right_to_left_rep_name_keeps_its_id_after_it(manager, api, make_group):
+    # Not isolated, "محمد (#10)" read "(10#) محمد": the name's direction took the id with it.
+    group, (rep,) = make_group(1, slug="emea")
+    rep.name = "محمد <b>"
+    rep.save()
+    lead_id = api.post("/api/v1/leads/", lead_body(group="emea"), format="json").json()["id"]
+    page = manager.get(f"/admin/audit/auditevent/?lead_id={lead_id}").content.decode()
+    assert f"Given to <bdi>محمد &lt;b&gt;</bdi> (#{rep.pk})" in page  # the sentence, escaped
+    assert f"<bdi>محمد &lt;b&gt;</bdi></a> (#{rep.pk})" in page  # the rep column
+    assert "\ue000" not in page and "<b>" not in page
