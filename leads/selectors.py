@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from rotation.eligibility import eligibility
@@ -53,12 +53,22 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
         if group.active
         else {}
     )
-    week = dict(
-        Assignment.objects.filter(group=group, started_at__gte=routing.week_start(now, group.timezone))
+    # This week's assignments per rep; of them, those it got by escalation (a lead another rep
+    # let run out: an escalation is a rotation turn, README) and those whose SLA it let run out.
+    weekly = {
+        rep_id: (n, escalated, missed)
+        for rep_id, n, escalated, missed in Assignment.objects.filter(
+            group=group, started_at__gte=routing.week_start(now, group.timezone)
+        )
         .values_list("rep_id")
-        .annotate(n=Count("id"))
-        .values_list("rep_id", "n")
-    )
+        .annotate(
+            n=Count("id"),
+            escalated=Count("id", filter=Q(reason=Assignment.Reason.ESCALATION)),
+            missed=Count("id", filter=Q(end_reason="sla_missed")),
+        )
+        .values_list("rep_id", "n", "escalated", "missed")
+    }
+    week = {rep_id: n for rep_id, (n, _, _) in weekly.items()}
     active_weight = sum(turn_weight(group.strategy, f.weight) for f in facts if f.member_active and f.rep_active) or 1
     week_total = sum(week.values())
     members = []
@@ -85,6 +95,8 @@ def rotation_view(*, group: Group) -> dict[str, Any]:
                 "open": f.open,
                 "assigned_today": f.assigned_today,
                 "assigned_week": week.get(f.rep_id, 0),
+                "escalated_to_week": weekly.get(f.rep_id, (0, 0, 0))[1],
+                "sla_missed_week": weekly.get(f.rep_id, (0, 0, 0))[2],
                 "share": (
                     round(turn_weight(group.strategy, f.weight) / active_weight, 4)
                     if f.member_active and f.rep_active

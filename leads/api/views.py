@@ -323,6 +323,14 @@ class RotationMemberSerializer(serializers.Serializer):
     open = serializers.IntegerField()
     assigned_today = serializers.IntegerField()
     assigned_week = serializers.IntegerField()
+    escalated_to_week = serializers.IntegerField(
+        help_text="Of assigned_week, the leads the member got by escalation: another rep let their SLA run out. "
+        "An escalation is a rotation turn: a member after one who lets leads sit gets these in the place of new "
+        "leads.",
+    )
+    sla_missed_week = serializers.IntegerField(
+        help_text="Of assigned_week, the leads whose SLA the member let run out (escalated away from it).",
+    )
     share = serializers.FloatField(
         help_text="The member's fair share of turns among the active members: its weight's share in a "
         "weighted group, an equal share in the others (their rotation gives weights no say); 0 while inactive.",

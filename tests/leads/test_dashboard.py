@@ -673,3 +673,22 @@ def test_the_queue_levels_of_one_sweep_are_those_of_counting_each_lead_at_each_p
         before = points[i - 1] if i else None
         inside = {t for t in instants if t <= m and (before is None or t > before)} | ({before} if i else set())
         assert highs[i] == max((waiting(t) for t in inside), default=0), (i, highs)
+
+
+def test_the_rotation_view_says_who_got_leads_by_escalation_and_who_let_them_run_out(
+    make_group, post_lead, api, admin_client
+):
+    """An escalation is a rotation turn: the rep after one who lets every lead sit gets its
+    escalations in the place of new leads, while the rotation view showed even counts only."""
+    group, (a, b) = make_group(2, slug="emea", sla_minutes=10)
+    for _ in range(4):
+        post_lead(group="emea")  # a, b, a, b
+    for assignment in Assignment.objects.filter(group=group, rep=a):
+        Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
+    actions.escalation_sweep()  # a's two leads escalate to b
+    members = {m["rep"]["id"]: m for m in api.get("/api/v1/groups/emea/rotation/").json()["members"]}
+    seen = {rep: (m["assigned_week"], m["escalated_to_week"], m["sla_missed_week"]) for rep, m in members.items()}
+    assert seen == {a.id: (2, 0, 2), b.id: (4, 2, 0)}
+    page = admin_client.get(f"/admin/rotation/group/{group.pk}/change/").content.decode()
+    assert '4 <span class="rotation-week-detail">(2 by escalation)</span>' in page
+    assert '2 <span class="rotation-week-detail">(2 SLA missed)</span>' in page
