@@ -531,3 +531,18 @@ def test_a_groups_rotation_view_scrolls_on_a_narrow_window(browser, live: str):
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 800, box
     finally:
         context.close()
+
+
+def test_a_very_long_rep_name_keeps_the_reassign_page_in_the_window(page: Page, live: str):
+    # One rep named to the field's 200 characters stretched the "Assign to" list to 2,241 px.
+    group = GroupFactory(slug="emea", name="EMEA")
+    rep = RepFactory(name="Dev Patel")
+    RepFactory(name="Maria " + "Long-Name " * 19)
+    services.membership_add(group=group, rep=rep, actor="test")
+    _, token = api_client_create(name="form", scopes=["intake"])
+    lead = post_lead(live, token, {"email": "kim@corp.example", "group": "emea"})
+    user_in("Managers", "manager")
+    log_in(page, live, "manager")
+    page.goto(f"{live}/admin/leads/lead/{lead['id']}/reassign/")
+    expect(page.locator("select#id_rep")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
