@@ -88,7 +88,11 @@ def _fail_open(limit: int, exc: Exception) -> Verdict:
     _state.down_until = now + _BACKOFF_S
     if now - _state.last_warning > _BACKOFF_S:
         _state.last_warning = now
-        logger.warning("rate limits not enforced: the shared store is unavailable (%s)", type(exc).__name__)
+        logger.warning(
+            "rate limits not enforced: the shared store is unavailable (%s); the login throttle and the "
+            "bad-signature limit count in each process meanwhile",
+            type(exc).__name__,
+        )
     return Verdict(True, 0, limit, 0)
 
 
