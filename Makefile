@@ -4,6 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export VENV
 
+# Under LOG_FORMAT=json every line `make run` writes is JSON (a log shipper reads them all):
+# make does not echo the commands it runs.
+ifeq ($(LOG_FORMAT),json)
+.SILENT:
+endif
+
 .PHONY: help run test install install-dev lint types test-pg test-embedded compose-check bench clean
 # `make` alone lists the targets below that have a `##` line, the two commands first.
 .DEFAULT_GOAL := help
