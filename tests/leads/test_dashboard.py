@@ -373,15 +373,20 @@ def test_a_period_the_dashboard_does_not_offer_says_so(admin_client, make_group,
     assert "No period" not in admin_client.get("/admin/dashboard/?days=30").content.decode()
 
 
-def test_the_share_is_of_rotation_turns_so_escalations_do_not_make_an_even_rotation_look_unfair(make_group, post_lead):
-    """Escalations go to whoever has not had the lead: the escalated-to rep's share rose over
-    the fair one while the rotation's own turns were even, and a manager read it as unfair."""
+def _a_lets_its_two_leads_escalate_to_b(make_group, post_lead):
     group, (a, b) = make_group(2, slug="emea", sla_minutes=10)
     for _ in range(4):
         post_lead(group="emea")  # a, b, a, b
     for assignment in Assignment.objects.filter(group=group, rep=a):
         Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
     actions.escalation_sweep()  # a's two leads escalate to b
+    return group, a, b
+
+
+def test_the_share_is_of_rotation_turns_so_escalations_do_not_make_an_even_rotation_look_unfair(make_group, post_lead):
+    """Escalations go to whoever has not had the lead: the escalated-to rep's share rose over
+    the fair one while the rotation's own turns were even, and a manager read it as unfair."""
+    group, a, b = _a_lets_its_two_leads_escalate_to_b(make_group, post_lead)
     now = timezone.now()
     (panel,) = dashboard_view(since=now - timedelta(days=1), until=now + timedelta(minutes=1), group_slug="emea")
     rows = {r.rep_id: (r.assigned, r.turns, r.share) for r in panel.reps}
@@ -680,12 +685,7 @@ def test_the_rotation_view_says_who_got_leads_by_escalation_and_who_let_them_run
 ):
     """An escalation is a rotation turn: the rep after one who lets every lead sit gets its
     escalations in the place of new leads, while the rotation view showed even counts only."""
-    group, (a, b) = make_group(2, slug="emea", sla_minutes=10)
-    for _ in range(4):
-        post_lead(group="emea")  # a, b, a, b
-    for assignment in Assignment.objects.filter(group=group, rep=a):
-        Assignment.objects.filter(pk=assignment.pk).update(due_at=timezone.now() - timedelta(seconds=1))
-    actions.escalation_sweep()  # a's two leads escalate to b
+    group, a, b = _a_lets_its_two_leads_escalate_to_b(make_group, post_lead)
     members = {m["rep"]["id"]: m for m in api.get("/api/v1/groups/emea/rotation/").json()["members"]}
     seen = {rep: (m["assigned_week"], m["escalated_to_week"], m["sla_missed_week"]) for rep, m in members.items()}
     assert seen == {a.id: (2, 0, 2), b.id: (4, 2, 0)}
