@@ -384,9 +384,13 @@ def delivery_attempt(*, delivery_id: int) -> float | None:
             # try's outcome instead of each holding a worker for the whole timeout again. FOR NO
             # KEY UPDATE: new deliveries for the endpoint (their foreign key's share lock) are
             # still written meanwhile, so the fan-out of other leads does not wait for the try.
+            # The endpoint's row alone, in no order: the model's ordering (by group) joined the
+            # group's row and locked it too, for the whole send, and routing, which locks that
+            # row, answered the group's leads 503 behind a receiver that hung.
             probe = list(
-                WebhookEndpoint.objects.select_for_update(skip_locked=True, no_key=True)
+                WebhookEndpoint.objects.select_for_update(skip_locked=True, no_key=True, of=("self",))
                 .filter(pk=d.endpoint.pk)
+                .order_by()
                 .values_list("unreachable_until", flat=True)
             )
             if not probe:  # another delivery is trying it: its outcome, without spending an attempt
@@ -621,7 +625,7 @@ def endpoint_rotate_secret(
     secret = new_secret()
     now = timezone.now()
     with transaction.atomic():
-        locked = WebhookEndpoint.objects.select_for_update().select_related("group").get(pk=endpoint.pk)
+        locked = WebhookEndpoint.objects.select_for_update(of=("self",)).select_related("group").get(pk=endpoint.pk)
         locked.previous_secret, locked.previous_secret_expires_at = secret_rotation.replaced(
             locked.secret, locked.previous_secret, locked.previous_secret_expires_at, now=now, grace=grace
         )
@@ -645,7 +649,7 @@ def endpoint_revoke_previous_secrets(*, endpoint: WebhookEndpoint, actor: str) -
     leaked: anyone holding it could forge deliveries the receiver still trusts). Returns how
     many were dropped."""
     with transaction.atomic():
-        locked = WebhookEndpoint.objects.select_for_update().select_related("group").get(pk=endpoint.pk)
+        locked = WebhookEndpoint.objects.select_for_update(of=("self",)).select_related("group").get(pk=endpoint.pk)
         dropped = len(endpoint_signing_secrets(locked)[1])
         locked.previous_secret, locked.previous_secret_expires_at = "", None
         locked.save(update_fields=["previous_secret", "previous_secret_expires_at"])

@@ -298,3 +298,44 @@ def test_metrics_count_each_try_by_outcome_and_the_deliveries_pending(
     assert (tries("retry"), tries("failed"), tries("sent")) == (1, 1, 1)
     assert value(after, "leadrouter_deliveries_pending", channel="webhook") == 0
     assert ("leadrouter_deliveries_pending", (("channel", "email"),)) in after  # 0, not missing
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_try_that_ends_a_hold_leaves_the_groups_rotation_free(make_group, settings, receiver):
+    """The delivery that tries an endpoint again after a hold locks the endpoint's row for the
+    send. Through the model's ordering (by group) it locked the group's row too: while a hung
+    receiver took its timeout, the group's intake waited on that row and answered 503."""
+    import threading
+
+    from django.db import connection
+
+    settings.NOTIFY_REP_EMAIL = False
+    group, reps = make_group(1, slug="emea")
+    endpoint = WebhookEndpoint.objects.create(group=group, url=receiver.url)
+    delivery_id = dispatched(group, reps[0], 7)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(unreachable_until=timezone.now() - timedelta(seconds=1))
+    receiver.answering.clear()  # the receiver hangs until told
+
+    def send() -> None:
+        try:
+            services.delivery_attempt(delivery_id=delivery_id)
+        finally:
+            connection.close()  # this thread's own
+
+    sending = threading.Thread(target=send)
+    sending.start()
+    try:
+        deadline = timezone.now() + timedelta(seconds=10)
+        while not receiver.requests:  # the send is under way, its locks held
+            assert timezone.now() < deadline
+            threading.Event().wait(0.05)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '500ms'")
+            # The group's row as routing takes it (leads/routing.py: FOR NO KEY UPDATE OF the group).
+            cursor.execute("SELECT id FROM rotation_group WHERE id = %s FOR NO KEY UPDATE", [group.pk])
+            assert cursor.fetchone() == (group.pk,)
+    finally:
+        receiver.answering.set()
+        sending.join(timeout=30)
+    assert Delivery.objects.get(pk=delivery_id).status == "sent"

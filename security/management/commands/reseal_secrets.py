@@ -20,7 +20,10 @@ class Command(BaseCommand):
                 fields = [f.name for f in model._meta.concrete_fields if isinstance(f, SealedField)]
                 if not fields:
                     continue
-                for obj in model._default_manager.select_for_update().only("pk", *fields):
+                # Their own rows, by key: a model ordered by a relation (webhook endpoints, by
+                # group) would join and lock the related rows too, routing's group rows among them.
+                rows = model._default_manager.select_for_update(of=("self",)).order_by("pk").only("pk", *fields)
+                for obj in rows:
                     # Read plain (any key decrypts), written sealed with the first key.
                     model._default_manager.filter(pk=obj.pk).update(**{f: getattr(obj, f) for f in fields})
                     total += 1
