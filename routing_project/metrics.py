@@ -74,7 +74,8 @@ ROUTING_BUSY = Counter(
 )
 ROUTING_SECONDS = Histogram(
     "leadrouter_routing_duration_seconds",
-    "Time to route one lead: the intake service, its transaction and retries included.",
+    "Time to route one lead: the intake service, its transaction and retries included; an intake refused "
+    "with 503 (the rotation row stayed locked) with its whole wait.",
     buckets=_FAST_BUCKETS,
 )
 LOCK_WAIT_SECONDS = Histogram(
@@ -127,6 +128,11 @@ def intake_finished(*, group: str | None, status: str, duplicate: bool, seconds:
         LEADS_QUEUED.labels(label).inc()
     else:
         LEADS_ROUTED.labels(label).inc()
+    ROUTING_SECONDS.observe(seconds)
+
+
+def intake_refused_busy(*, seconds: float) -> None:
+    """An intake answered 503 (its group's rotation stayed locked): its time is a routing time."""
     ROUTING_SECONDS.observe(seconds)
 
 

@@ -262,6 +262,11 @@ def test_lock_timeout_gives_503_and_writes_nothing(make_group, settings):
     waits = "leadrouter_rotation_lock_wait_seconds"
     assert value(after, f"{waits}_count") - value(before, f"{waits}_count") == 1
     assert value(after, f"{waits}_sum") - value(before, f"{waits}_sum") >= 0.2  # most of its 300 ms
+    # The routing time counts the refused intake too, with its wait: its p99 must not improve
+    # as a group overloads.
+    routing = "leadrouter_routing_duration_seconds"
+    assert value(after, f"{routing}_count") - value(before, f"{routing}_count") == 1
+    assert value(after, f"{routing}_sum") - value(before, f"{routing}_sum") >= 0.2
     r = post(http_client(token), {"email": "late@x.example", "group": "g"}, **{"Idempotency-Key": "k-503"})
     assert r.status_code == 201
 
