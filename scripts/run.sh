@@ -25,7 +25,7 @@ say() {
     if [ "${LOG_FORMAT:-}" = json ]; then
         local message=${2//\\/\\\\}
         message=${message//\"/\\\"}
-        printf '{"ts": "%s", "level": "%s", "logger": "run.sh", "message": "%s"}\n' \
+        printf '{"ts": "%s", "level": "%s", "logger": "run.sh", "message": "%s", "request_id": "-"}\n' \
             "$(date -u +%Y-%m-%dT%H:%M:%S.%3N+00:00)" "$1" "$message"
     else
         printf '%s\n' "$2"

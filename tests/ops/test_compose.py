@@ -154,7 +154,7 @@ def test_make_runs_own_lines_are_json_under_log_format_json(tmp_path):
         timeout=60,
     )
     line = json.loads(done.stderr.strip().splitlines()[-1])
-    assert (line["level"], line["logger"]) == ("ERROR", "run.sh")
+    assert (line["level"], line["logger"], line["request_id"]) == ("ERROR", "run.sh", "-")
     assert line["message"] == "Configuration error: PORT is '80a': give a port number (8000)."
     # Quotes and backslashes in a message (a log file's path) stay JSON.
     say = re.search(r"^say\(\) \{.*?^\}", (COMPOSE.parent / "scripts" / "run.sh").read_text(), re.S | re.M)

@@ -113,6 +113,7 @@ def test_seed_demo_prints_one_json_object_under_log_format_json(settings, client
     (line,) = out.getvalue().splitlines()
     start = json.loads(line)
     assert (start["level"], start["logger"], start["message"]) == ("INFO", "seed_demo", "Demo data loaded.")
+    assert start["request_id"] == "-"  # as every JSON line has one
     assert (start["admin_url"], start["admin_login"], start["admin_password"]) == (
         "http://h:8123/admin/",
         "admin",

@@ -118,6 +118,7 @@ class Command(BaseCommand):
                 "level": "INFO",
                 "logger": "seed_demo",
                 "message": "Demo data loaded.",
+                "request_id": "-",  # as every line outside a request
                 "admin_url": f"{base_url}/admin/",
                 "admin_login": "admin",
                 "admin_password": password,
