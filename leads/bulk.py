@@ -71,6 +71,10 @@ from .services import CONTACT_FIELDS, Resolution, active_rules, normalize_email
 logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
+# The most `import_leads --batch-size` takes: a batch holds a lock per lead (its email's advisory
+# lock) until it commits, in the lock table every session shares (max_locks_per_transaction x
+# max_connections: 6,400 slots with PostgreSQL's defaults).
+MAX_BATCH_SIZE = 2000
 MAX_ERRORS_KEPT = 1000
 ATTRIBUTE_PREFIX = "attributes."
 COLUMNS = tuple(LeadInSerializer().fields)
@@ -549,12 +553,21 @@ def leads_import_steps(
     header: list[str] = []
     start = 1
     uncounted = 0  # lines before the header that the reader in use did not read
+    quoted_delimiter: str | None = None
     try:
         while not any(cell.strip() for cell in header):  # blank lines above the header
             start = reader.line_num + 1
             source.row.clear()
-            header = next(reader)
-        if (delimiter := _delimiter_of(header)) != ",":
+            try:
+                header = next(reader)
+            except csv.Error:
+                # Every name quoted and separated by `;` or tabs ("email";"country", as tools
+                # that quote every cell write it): read with commas, text after a closing quote.
+                quoted_delimiter = _quoted_header_delimiter(source.row)
+                if quoted_delimiter is None:
+                    raise
+                break
+        if (delimiter := quoted_delimiter or _delimiter_of(header)) != ",":
             # Excel in France or Germany writes its locale's list separator (`;`) in "CSV"
             # files, and a "Text (Tab delimited)" file tabs: the header row is read again with it.
             uncounted = start - 1
@@ -825,6 +838,18 @@ def _delimiter_of(header: list[str]) -> str:
             if "email" in (_column_name(name) for name in header[0].split(separator)):
                 return separator
     return ","
+
+
+def _quoted_header_delimiter(lines: list[str]) -> str | None:
+    """`;` or a tab, if the header row's lines, read with it, name an `email` column."""
+    for separator in (";", "\t"):
+        try:
+            names = next(csv.reader(io.StringIO("".join(lines)), strict=True, delimiter=separator), [])
+        except csv.Error:
+            continue
+        if "email" in (_column_name(name) for name in names):
+            return separator
+    return None
 
 
 def _check_header(header: list[str], encoding: str = "UTF-8") -> list[str]:

@@ -97,12 +97,15 @@ def test_a_very_wide_header_is_checked_in_linear_time():
         _check_header([*header, "Email", "attributes.k7"])
 
 
+@pytest.mark.parametrize("quoted", [False, True], ids=["bare", "quoted"])
 @pytest.mark.parametrize("separator", [";", "\t"], ids=["semicolons", "tabs"])
-def test_a_file_separated_by_semicolons_or_tabs_is_read_with_them(make_group, separator):
+def test_a_file_separated_by_semicolons_or_tabs_is_read_with_them(make_group, separator, quoted):
     # Excel in France or Germany writes `;` in its "CSV" files, "CSV UTF-8" included: such a
     # file was refused, and the advice to save it comma-separated could not be followed there.
+    # Tools that quote every cell ("email";"country") had theirs refused as a bad header.
     make_group(1, slug="emea")
-    header = "\n" + separator.join(["External_ID", "Email", "first_name", "group"]) + "\n"  # a blank line first
+    names = ["External_ID", "Email", "first_name", "group"]
+    header = "\n" + separator.join(f'"{n}"' if quoted else n for n in names) + "\n"  # a blank line first
     rows = [
         separator.join(["1", "a@customer.example", '"Dupont; Fils"', "emea"]),
         separator.join(["2", "not-an-email", "Jane", "emea"]),
@@ -517,6 +520,18 @@ def test_the_command_names_the_line_a_repeated_external_id_duplicates(make_group
     ]
 
 
+@pytest.mark.parametrize("size", ["0", "2001"])
+def test_the_command_refuses_a_batch_size_past_what_the_database_lock_table_takes(make_group, tmp_path: Path, size):
+    # 20,000 a batch ran PostgreSQL's shared lock table out of memory, intake and the workers
+    # failing with it.
+    make_group(1, slug="emea")
+    path = tmp_path / "leads.csv"
+    path.write_text(HEADER + "\n".join(good_rows(2)) + "\n")
+    with pytest.raises(CommandError, match="--batch-size must be from 1 to 2,000"):
+        call_command("import_leads", str(path), "--no-progress", "--batch-size", size)
+    assert not Lead.objects.exists()
+
+
 def test_the_command_refuses_a_negative_show_errors(make_group, tmp_path: Path):
     # A negative count printed "... and 1 more bad rows" for a file without a bad row.
     make_group(1, slug="emea")
@@ -588,6 +603,8 @@ def test_the_command_interrupted_says_what_is_imported_and_exits_130(make_group,
         call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2")
     assert caught.value.returncode == 130
     assert Lead.objects.count() == 4
+    # What running the file again does for rows without an external_id: said, not only the skip.
+    assert "Rows without an external_id are taken in again" in str(caught.value)
     # The import id its events carry is named, so that its lines and events can be found.
     import_id = re.search(r"import id (import-[0-9a-f]{12})", str(caught.value)).group(1)
     assert AuditEvent.objects.filter(type="lead.received", explanation__import=import_id).count() == 4

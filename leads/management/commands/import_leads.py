@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from leads.bulk import (
     BATCH_SIZE,
+    MAX_BATCH_SIZE,
     MAX_ERRORS_KEPT,
     ImportFormatError,
     csv_text,
@@ -90,8 +91,14 @@ class Command(BaseCommand):
             raise CommandError(f"No such file: {path}")
         if not path.is_file():
             raise CommandError(f"Not a file: {path}")
-        if options["batch_size"] < 1:
-            raise CommandError("--batch-size must be at least 1.")
+        if not 1 <= options["batch_size"] <= MAX_BATCH_SIZE:
+            # A batch holds a lock per lead (its email's) until it commits, in PostgreSQL's lock
+            # table, which every session shares: 20,000 ran it out of memory, and intake and
+            # the workers failed with it.
+            raise CommandError(
+                f"--batch-size must be from 1 to {MAX_BATCH_SIZE:,}: a batch holds a lock per lead until it "
+                "commits, in the lock table every database session shares."
+            )
         if options["show_errors"] < 0:
             raise CommandError("--show-errors must be 0 or more.")
         try:
@@ -186,7 +193,9 @@ class Command(BaseCommand):
         return (
             f"the first {committed} rows are imported (their batches were committed, import id "
             f"{import_id}), the batch in progress was rolled back. Run the same file again to import "
-            "the rest: rows whose external_id is already imported are skipped."
+            "the rest: rows whose external_id is already imported are skipped. Rows without an external_id "
+            "are taken in again: as duplicates of the leads they made while those are open and within their "
+            "group's dedup window, else as new leads."
         )
 
 
