@@ -917,6 +917,7 @@ def _validate(
         # it is read: `encoding_problem`).
         errors["row"] = [*errors.get("row", []), f"Not {encoding} text: bytes here are not {encoding}."]
     unnamed: list[int] = []  # the places of values in columns without a name
+    in_json: dict[str, Any] = {}  # the attributes column's object
     for place, (name, value) in enumerate(zip(columns, cells, strict=False), start=1):
         value = value.strip()
         if not value:
@@ -934,11 +935,17 @@ def _validate(
                 errors["attributes"] = [f"Must be a JSON object ({exc})."]
                 continue
             if isinstance(parsed, dict):
-                attributes = {**parsed, **attributes}
+                in_json = parsed
             else:
                 errors["attributes"] = ["Must be a JSON object."]
         else:
             data[name] = value
+    if twice := sorted(k for k in in_json.keys() & attributes.keys() if in_json[k] != attributes[k]):
+        # The attributes column and an attributes.<key> column giving one key two values: one
+        # of them was dropped without a word.
+        keys = ", ".join(f"'{k}'" for k in twice[:5])
+        errors["attributes"] = [f"Given twice, differently: {keys}, in the attributes column and its own column."]
+    attributes = {**in_json, **attributes}
     if unnamed:
         # One message for the row, however many such values (not one each: a wide row of them
         # made the report quadratic in time and its kept errors grow without bound).

@@ -132,7 +132,10 @@ class AdminListGuardMiddleware:
             # members one position): the whole save was rolled back. The page again, as it is
             # now, with what happened, not a 500.
             constraint = getattr(getattr(exception.__cause__, "diag", None), "constraint_name", None)
-            logging.getLogger(__name__).info("admin change refused: %s", constraint or "integrity error")
+            # A constraint no concurrent edit explains is logged as a warning: a bug may hide there.
+            known = (constraint or "") in _CONFLICTS
+            level = logging.INFO if known else logging.WARNING
+            logging.getLogger(__name__).log(level, "admin change refused: %s", constraint or "integrity error")
             what = _CONFLICTS.get(constraint or "", "a row of this page collides with one saved")
             messages.error(
                 request,

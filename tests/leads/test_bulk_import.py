@@ -1130,3 +1130,21 @@ def test_an_interrupt_between_a_batchs_commit_and_its_count_waits_for_the_count(
         call_command("import_leads", str(path), "--no-progress", "--no-parallel", "--batch-size", "2")
     assert caught.value.returncode == 143 and Lead.objects.count() == 4
     assert not bulk._InterruptsHeld.held and bulk._InterruptsHeld.pending is None
+
+
+def test_an_attribute_given_twice_differently_is_a_bad_row(make_group):
+    # The attributes column and an attributes.<key> column each gave 'k': the JSON's value was
+    # dropped without a word.
+    make_group(1, slug="emea")
+    header = "external_id,email,group,attributes,attributes.k\n"
+    report = run(
+        csv_of(
+            'd-1,d1@customer.example,emea,"{""k"": ""json""}",col',
+            'd-2,d2@customer.example,emea,"{""k"": ""same"", ""j"": 1}",same',  # the same value: one
+            header=header,
+        )
+    )
+    assert (report.imported, report.invalid) == (1, 1)
+    assert report.errors[0].line == 2
+    assert "Given twice, differently: 'k'" in str(report.errors[0])
+    assert Lead.objects.get().attributes == {"k": "same", "j": 1}
