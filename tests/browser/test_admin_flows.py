@@ -4,6 +4,8 @@ import json
 import os
 import re
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.contrib.auth.models import Group as Role
@@ -46,6 +48,18 @@ def log_in(page: Page, live: str, username: str) -> None:
     page.fill("#id_password", PASSWORD)
     page.click("input[type=submit]")
     expect(page.locator("#user-tools")).to_contain_text(username)
+
+
+@contextmanager
+def logged_in_page(browser, live: str, username: str, width: int, **context_options) -> Iterator[Page]:
+    """A page of its own window size (and options: a time zone), logged in; closed afterwards."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, **context_options)
+    try:
+        page = context.new_page()
+        log_in(page, live, username)
+        yield page
+    finally:
+        context.close()
 
 
 def post_lead(live: str, token: str, body: dict) -> dict:
@@ -432,18 +446,13 @@ def test_sales_ops_see_a_groups_members_and_state_on_a_laptop_without_scrolling(
     group = GroupFactory(slug="north-america-enterprise", name="North America enterprise")
     services.membership_add(group=group, rep=RepFactory(name="Grace Hopper"), actor="test")
     user_in("Sales ops", "ops")
-    context = browser.new_context(viewport={"width": 1300, "height": 900})
-    page = context.new_page()
-    try:
-        log_in(page, live, "ops")
+    with logged_in_page(browser, live, "ops", 1300) as page:
         page.goto(f"{live}/admin/rotation/group/")
         table = page.locator("#changelist .results").bounding_box()
         assert table is not None
         for column in ("member_count", "active", "is_default"):
             box = page.locator(f"#result_list thead th.column-{column}").bounding_box()
             assert box is not None and box["x"] + box["width"] <= table["x"] + table["width"] + 1, column
-    finally:
-        context.close()
 
 
 def test_a_groups_member_table_fits_its_page_on_a_laptop(page: Page, live: str):
@@ -470,18 +479,13 @@ def test_a_manager_sees_each_leads_status_owner_and_sla_on_a_laptop_without_scro
     post_lead(live, token, {"email": "marguerite.yourcenar@editions-gallimard.example", "group": "emea"})
     post_lead(live, token, {"email": "diego.hernandez@mexico.example", "group": "emea"})
     user_in("Managers", "manager")
-    context = browser.new_context(viewport={"width": 1300, "height": 900})
-    page = context.new_page()
-    try:
-        log_in(page, live, "manager")
+    with logged_in_page(browser, live, "manager", 1300) as page:
         page.goto(f"{live}/admin/leads/lead/")
         table = page.locator("#changelist .results").bounding_box()
         assert table is not None
         for column in ("status", "owner", "sla_due"):
             box = page.locator(f"#result_list thead th.column-{column}").bounding_box()
             assert box is not None and box["x"] + box["width"] <= table["x"] + table["width"] + 1, column
-    finally:
-        context.close()
 
 
 def test_a_reps_absences_say_they_are_in_the_reps_time_zone_not_the_servers(browser, live: str):
@@ -498,18 +502,13 @@ def test_a_reps_absences_say_they_are_in_the_reps_time_zone_not_the_servers(brow
     now = timezone.now()
     Absence.objects.create(rep=rep, starts_at=now + timedelta(days=1), ends_at=now + timedelta(days=2))
     user_in("Sales ops", "ops")
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, timezone_id="Europe/Paris")
-    page = context.new_page()
-    try:
-        log_in(page, live, "ops")
+    with logged_in_page(browser, live, "ops", 1280, timezone_id="Europe/Paris") as page:
         page.goto(f"{live}/admin/rotation/rep/{rep.pk}/change/")
         notes = page.locator(".timezonewarning")
         expect(notes.first).to_have_text(
             re.compile(r"In the rep's time zone \(America/Los_Angeles\), [89] hours behind yours\.")
         )
         expect(page.get_by_text("server time")).to_have_count(0)
-    finally:
-        context.close()
 
 
 def test_a_groups_rotation_view_scrolls_on_a_narrow_window(browser, live: str):
@@ -519,18 +518,13 @@ def test_a_groups_rotation_view_scrolls_on_a_narrow_window(browser, live: str):
     for name in ("Katherine Johnson-Goble", "Grace Hopper"):
         services.membership_add(group=group, rep=RepFactory(name=name), actor="test")
     user_in("Sales ops", "ops")
-    context = browser.new_context(viewport={"width": 800, "height": 900})
-    page = context.new_page()
-    try:
-        log_in(page, live, "ops")
+    with logged_in_page(browser, live, "ops", 800) as page:
         page.goto(f"{live}/admin/rotation/group/{group.pk}/change/")
         page.locator(".rotation-view").evaluate("view => { view.scrollLeft = view.scrollWidth; }")
         last = page.locator(".rotation-view thead th").last
         expect(last).to_have_text("Week share")
         box = last.bounding_box()
         assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 800, box
-    finally:
-        context.close()
 
 
 def test_a_very_long_rep_name_keeps_the_reassign_page_in_the_window(page: Page, live: str):
